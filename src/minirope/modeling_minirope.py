@@ -1,0 +1,551 @@
+"""minirope: a Llama-architecture causal LM with Rotary Position Embedding.
+
+RoPE follows RoFormer (Su et al. 2021, arXiv:2104.09864) in the layout of transformers'
+`LlamaRotaryEmbedding`: a cos/sin cache of shape `(max_seq_len_cached, head_dim)` gathered by
+`position_ids`, and `rotate_half`. The rest of the network is Llama's (pre-norm RMSNorm,
+grouped-query attention, SwiGLU MLP) with the same module and parameter names, so a state dict moves
+between `MiniRopeForCausalLM` and `transformers.LlamaForCausalLM` unchanged.
+
+Shapes use: B batch, T query length, S key length (cache + T), H query heads, K key/value heads,
+d head_dim, D hidden_size, V vocab_size.
+
+This file is self-contained (torch, transformers and the config file only) so that `save_pretrained`
+can ship it as remote code.
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel, slice_logits_to_keep
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
+from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
+from transformers.utils.output_capturing import capture_outputs
+
+from .configuration_minirope import MiniRopeConfig
+
+
+class MiniRopeRMSNorm(nn.Module):
+    """Root-mean-square layer norm (Zhang & Sennrich 2019): `x / sqrt(mean(x^2) + eps) * weight`.
+
+    Computed in float32 and cast back, exactly as `LlamaRMSNorm`. Input and output: `(..., D)`.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+
+
+class MiniRopeRotaryEmbedding(nn.Module):
+    """The cos/sin tables of RoPE, cached once and gathered by position.
+
+    RoFormer rotates each pair of a query/key vector by the angle `m * theta_i` at position m, with
+    `theta_i = base^(-2i/d)`, i = 0 .. d/2-1 (eq. 15). This module holds `inv_freq` = theta (shape
+    `(d/2,)`) and, for every position m < `max_seq_len_cached`, the rows
+
+        cos_cached[m] = cos(m * cat(theta, theta)) * attention_scaling     shape (max_seq_len_cached, d)
+        sin_cached[m] = sin(m * cat(theta, theta)) * attention_scaling
+
+    in the `rotate_half` layout (dim j and j + d/2 share the angle m * theta_j). The tables are float32
+    non-persistent buffers: they are derived from the config, never saved, and rebuilt by
+    `MiniRopePreTrainedModel._init_weights` (transformers builds models on the meta device in
+    `from_pretrained`). `forward` gathers rows by `position_ids`, so left padding, packed sequences and
+    KV-cache decoding all get the right angle for each token, and the tables grow (doubling) when a
+    position is past their end.
+
+    Scaled variants come from `config.rope_parameters["rope_type"]`: `default` is eq. 15; every other type
+    takes `inv_freq` and `attention_scaling` from `transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`.
+    `dynamic` (NTK-aware) and `longrope` recompute `inv_freq` from the sequence length, on the same
+    schedule as `LlamaRotaryEmbedding` (and so give the same numbers), and rebuild the tables when it changes.
+
+    Args:
+        config: a `MiniRopeConfig` (uses `head_dim`, `max_position_embeddings`, `rope_parameters`).
+        device: where to build the buffers.
+    """
+
+    inv_freq: torch.Tensor
+    original_inv_freq: torch.Tensor
+    cos_cached: torch.Tensor
+    sin_cached: torch.Tensor
+
+    def __init__(self, config: MiniRopeConfig, device: torch.device | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.rope_type = config.rope_parameters["rope_type"]
+        self.original_max_seq_len = config.max_position_embeddings
+        inv_freq, self.attention_scaling = self.rope_init_fn(config, device)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
+        # The length `inv_freq` was computed for; only `dynamic` and `longrope` change it.
+        self.rope_seq_len = self.original_max_seq_len
+        cos, sin = self.compute_cos_sin(self.original_max_seq_len)
+        self.register_buffer("cos_cached", cos, persistent=False)
+        self.register_buffer("sin_cached", sin, persistent=False)
+
+    @property
+    def rope_init_fn(self) -> Callable[..., tuple[torch.Tensor, float]]:
+        if self.rope_type == "default":
+            return self.compute_default_rope_parameters
+        return ROPE_INIT_FUNCTIONS[self.rope_type]
+
+    @staticmethod
+    def compute_default_rope_parameters(
+        config: MiniRopeConfig, device: torch.device | None = None, seq_len: int | None = None, **kwargs
+    ) -> tuple[torch.Tensor, float]:
+        """RoFormer eq. 15: `theta_i = base^(-2i/d)` for i = 0 .. d/2-1.
+
+        Returns:
+            `(inv_freq, attention_scaling)`: float32 `(d/2,)` in radians per position, and 1.0.
+        """
+        base = config.rope_parameters["rope_theta"]
+        dim = config.head_dim
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+        return 1.0 / (base**exponents), 1.0
+
+    @property
+    def max_seq_len_cached(self) -> int:
+        return self.cos_cached.shape[0]
+
+    @torch.no_grad()
+    def compute_cos_sin(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cos/sin tables for positions `0 .. seq_len-1` from the current `inv_freq`.
+
+        Returns:
+            `(cos, sin)`, each float32 `(seq_len, d)`, already multiplied by `attention_scaling`.
+        """
+        inv_freq = self.inv_freq.float()
+        positions = torch.arange(seq_len, device=inv_freq.device, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq  # (seq_len, d/2): m * theta_i
+        emb = torch.cat((freqs, freqs), dim=-1)  # (seq_len, d): rotate_half pairs dim i with i + d/2
+        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+
+    @torch.no_grad()
+    def reset_cache(self, seq_len: int | None = None) -> None:
+        """Recompute the tables for `seq_len` positions (default: their current length) from `inv_freq`."""
+        self.cos_cached, self.sin_cached = self.compute_cos_sin(seq_len or self.max_seq_len_cached)
+
+    @torch.no_grad()
+    def _rescale_inv_freq(self, seq_len: int) -> bool:
+        """`dynamic` and `longrope`: set `inv_freq` for a sequence of `seq_len` tokens, as Llama does.
+
+        Returns whether `inv_freq` changed.
+        """
+        if self.rope_type == "dynamic":
+            if seq_len > self.rope_seq_len:  # longer than any seen: stretch further
+                new_len = seq_len
+            elif seq_len < self.original_max_seq_len < self.rope_seq_len:  # short again: original angles
+                new_len = self.original_max_seq_len
+            else:
+                return False
+        else:
+            original_len = self.config.rope_parameters["original_max_position_embeddings"]
+            new_len = original_len + 1 if seq_len > original_len else self.original_max_seq_len
+            if new_len == self.rope_seq_len:
+                return False
+        if new_len == self.original_max_seq_len:
+            inv_freq = self.original_inv_freq
+        else:
+            inv_freq, _ = self.rope_init_fn(self.config, self.inv_freq.device, seq_len=new_len)
+        self.inv_freq.copy_(inv_freq)
+        self.rope_seq_len = new_len
+        return True
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, position_ids: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather the cos/sin rows of each token's position.
+
+        Args:
+            x: any tensor of the activations' dtype and device (only `x.dtype` is used).
+            position_ids: `(B, T)` int64, absolute position m of each token.
+
+        Returns:
+            `(cos, sin)`, each `(B, T, d)` in `x.dtype`.
+        """
+        if not torch.compiler.is_compiling():  # data-dependent checks stay out of compiled graphs
+            seq_len = int(position_ids.max()) + 1
+            rescaled = self.rope_type in ("dynamic", "longrope") and self._rescale_inv_freq(seq_len)
+            if seq_len > self.max_seq_len_cached:
+                self.reset_cache(max(seq_len, 2 * self.max_seq_len_cached))
+            elif rescaled:
+                self.reset_cache()
+        cos = self.cos_cached[position_ids]
+        sin = self.sin_cached[position_ids]
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """`(x_1, x_2) -> (-x_2, x_1)` on the two halves of the last dim, shape `(..., d)` -> `(..., d)`.
+
+    With cos/sin laid out as `cat(theta, theta)`, `x * cos + rotate_half(x) * sin` rotates each pair
+    `(x_i, x_{i+d/2})` by its angle: RoFormer eq. 34 with the pairs taken as (i, i + d/2) instead of
+    (2i, 2i+1), a fixed permutation of the dims (see docs/rope.md).
+    """
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate queries and keys by their positions' angles: `R_{Theta,m} x` (RoFormer eq. 34).
+
+    `q' = q * cos + rotate_half(q) * sin` and the same for k. Values are never rotated: position enters
+    attention only through the scores `q'_m . k'_n = q R_{n-m} k` (eq. 16), which depend on n - m alone.
+
+    Args:
+        q: `(B, H, T, d)` queries.
+        k: `(B, K, T, d)` keys.
+        cos, sin: `(B, T, d)` from `MiniRopeRotaryEmbedding`.
+        unsqueeze_dim: the head axis of q and k that cos/sin are broadcast over (1 for `(B, H, T, d)`,
+            2 for `(B, T, H, d)`).
+
+    Returns:
+        `(q', k')`, shaped as `q` and `k`.
+    """
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """Share each key/value head with `n_rep` query heads: `(B, K, S, d)` -> `(B, K * n_rep, S, d)`."""
+    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Unpack[TransformersKwargs],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain softmax attention, `softmax(q k^T * scaling + mask) v`, softmax in float32.
+
+    Args: query `(B, H, T, d)`, key/value `(B, K, S, d)`, attention_mask additive `(B, 1, T, S)` or None.
+    Returns: `(output (B, T, H, d), weights (B, H, T, S))`.
+    """
+    key_states = repeat_kv(key, module.num_key_value_groups)
+    value_states = repeat_kv(value, module.num_key_value_groups)
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value_states)
+    return attn_output.transpose(1, 2).contiguous(), attn_weights
+
+
+class MiniRopeAttention(nn.Module):
+    """Causal grouped-query self-attention with RoPE on queries and keys.
+
+    The kernel comes from transformers' attention interface (`config._attn_implementation`: `eager`,
+    `sdpa`, `flash_attention_2`, `flex_attention`, ...); new keys/values go through `Cache.update`.
+    """
+
+    def __init__(self, config: MiniRopeConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_dim = config.head_dim
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        self.is_causal = True
+        q_out, kv_out = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, q_out, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_out, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_out, bias=config.attention_bias)
+        self.o_proj = nn.Linear(q_out, config.hidden_size, bias=config.attention_bias)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(B, T, D)` -> `((B, T, D), attention weights (B, H, T, S) or None)`."""
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+
+        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+
+        cos, sin = position_embeddings
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+
+        if past_key_values is not None:
+            key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        return self.o_proj(attn_output), attn_weights
+
+
+class MiniRopeMLP(nn.Module):
+    """SwiGLU feed-forward (Shazeer 2020): `down_proj(silu(gate_proj(x)) * up_proj(x))`, `(..., D)` -> `(..., D)`."""
+
+    def __init__(self, config: MiniRopeConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MiniRopeDecoderLayer(GradientCheckpointingLayer):
+    """Pre-norm block: `x + attn(norm(x))`, then `x + mlp(norm(x))`. `(B, T, D)` -> `(B, T, D)`."""
+
+    def __init__(self, config: MiniRopeConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = MiniRopeAttention(config=config, layer_idx=layer_idx)
+        self.mlp = MiniRopeMLP(config)
+        self.input_layernorm = MiniRopeRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = MiniRopeRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> torch.Tensor:
+        residual = hidden_states
+        hidden_states, _ = self.self_attn(
+            self.input_layernorm(hidden_states),
+            position_embeddings=position_embeddings,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            **kwargs,
+        )
+        hidden_states = residual + hidden_states
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class MiniRopePreTrainedModel(PreTrainedModel):
+    """Weight init, attention backends and loading conventions shared by the minirope models."""
+
+    config: MiniRopeConfig
+    config_class = MiniRopeConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["MiniRopeDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_flash_attn = True
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _can_compile_fullgraph = True
+    _supports_attention_backend = True
+    _can_record_outputs = {
+        "hidden_states": MiniRopeDecoderLayer,
+        "attentions": MiniRopeAttention,
+    }
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        # transformers resets `inv_freq`/`original_inv_freq` of any "*RotaryEmbedding" module;
+        # the cos/sin tables derived from them are rebuilt here.
+        super()._init_weights(module)
+        if isinstance(module, MiniRopeRotaryEmbedding):
+            module.rope_seq_len = module.original_max_seq_len
+            cos, sin = module.compute_cos_sin(module.max_seq_len_cached)
+            init.copy_(module.cos_cached, cos)
+            init.copy_(module.sin_cached, sin)
+
+
+class MiniRopeModel(MiniRopePreTrainedModel):
+    """The decoder stack: token embedding, `num_hidden_layers` decoder layers, final RMSNorm."""
+
+    def __init__(self, config: MiniRopeConfig) -> None:
+        super().__init__(config)
+        self.padding_idx = config.pad_token_id
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.layers = nn.ModuleList(
+            [MiniRopeDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
+        )
+        self.norm = MiniRopeRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = MiniRopeRotaryEmbedding(config=config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> BaseModelOutputWithPast:
+        """Run the decoder.
+
+        Args:
+            input_ids: `(B, T)` int64 token ids in `[0, V)`; or give `inputs_embeds` `(B, T, D)` instead.
+            attention_mask: `(B, S)` with 1 for real tokens and 0 for padding (left padding supported), or
+                a prepared 4D mask; `None` means all tokens are real.
+            position_ids: `(B, T)` int64 positions m used for RoPE; default `past_len .. past_len + T - 1`.
+                With left padding, `generate()` passes `cumsum(attention_mask) - 1`, so each sequence starts
+                at position 0 whatever its padding.
+            past_key_values: a transformers `Cache` (e.g. `DynamicCache`, `StaticCache`) to read and extend.
+            use_cache: create and return a `DynamicCache` when none is given.
+
+        Returns:
+            `BaseModelOutputWithPast` with `last_hidden_state` `(B, T, D)` and `past_key_values`.
+
+        Raises:
+            ValueError: if both or neither of `input_ids` and `inputs_embeds` are given.
+        """
+        if (input_ids is None) ^ (inputs_embeds is not None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        if position_ids is None:
+            past_seen_tokens = past_key_values.get_seq_length() if past_key_values is not None else 0
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
+            position_ids = position_ids.unsqueeze(0)
+
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            position_ids=position_ids,
+        )
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+        for decoder_layer in self.layers[: self.config.num_hidden_layers]:
+            hidden_states = decoder_layer(
+                hidden_states,
+                position_embeddings=position_embeddings,
+                attention_mask=causal_mask,
+                position_ids=position_ids,
+                past_key_values=past_key_values,
+                **kwargs,
+            )
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
+
+
+class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
+    """`MiniRopeModel` with a linear LM head; the model `AutoModelForCausalLM` builds for `minirope`."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
+
+    def __init__(self, config: MiniRopeConfig) -> None:
+        super().__init__(config)
+        self.model = MiniRopeModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> CausalLMOutputWithPast:
+        """Next-token logits, and the language-modelling loss when `labels` are given.
+
+        Args:
+            input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, use_cache: as in
+                `MiniRopeModel.forward`.
+            labels: `(B, T)` int64 targets aligned with `input_ids` (shifted inside the loss); -100 is ignored.
+            logits_to_keep: compute logits only for the last N positions (0 = all), or for given indices.
+
+        Returns:
+            `CausalLMOutputWithPast` with `logits` `(B, T', V)` (float, model dtype) and `loss`, a scalar
+            mean cross-entropy in nats per predicted token.
+        """
+        outputs: BaseModelOutputWithPast = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+__all__ = [
+    "MiniRopeForCausalLM",
+    "MiniRopeModel",
+    "MiniRopePreTrainedModel",
+    "MiniRopeRotaryEmbedding",
+    "apply_rotary_pos_emb",
+    "rotate_half",
+]

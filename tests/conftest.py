@@ -1,0 +1,73 @@
+"""Shared fixtures: tiny configs, and transformers' LlamaForCausalLM as the independent oracle."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from minirope import MiniRopeConfig, MiniRopeForCausalLM
+
+TINY = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=2,
+    max_position_embeddings=32,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+# Multi-head (H == K) and grouped-query (H = 4 * K) attention.
+ATTENTION_LAYOUTS = {
+    "mha": dict(num_attention_heads=4, num_key_value_heads=4),
+    "gqa": dict(num_attention_heads=8, num_key_value_heads=2, head_dim=16),
+}
+
+
+def tiny_config(layout: str = "gqa", **overrides) -> MiniRopeConfig:
+    return MiniRopeConfig(**{**TINY, **ATTENTION_LAYOUTS[layout], **overrides})
+
+
+def random_model(config: MiniRopeConfig, seed: int = 0, attn: str = "sdpa") -> MiniRopeForCausalLM:
+    """A minirope model with random weights, larger than the default init so logits are far from uniform."""
+    torch.manual_seed(seed)
+    config._attn_implementation = attn
+    model = MiniRopeForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+            else:
+                param.normal_(0.0, 0.1)
+    return model
+
+
+def llama_twin(model: MiniRopeForCausalLM, attn: str | None = None) -> LlamaForCausalLM:
+    """transformers' own LlamaForCausalLM with the same config fields and the same weights, loaded strictly."""
+    fields = {key: getattr(model.config, key) for key in (*TINY, "num_attention_heads", "num_key_value_heads",
+                                                          "head_dim", "attention_bias", "mlp_bias",
+                                                          "attention_dropout", "hidden_act")}
+    config = LlamaConfig(**fields, rope_parameters=dict(model.config.rope_parameters))
+    config._attn_implementation = attn or model.config._attn_implementation
+    llama = LlamaForCausalLM(config).eval()
+    llama.load_state_dict(model.state_dict(), strict=True)
+    return llama
+
+
+def left_padded_batch(vocab_size: int, lengths=(12, 7, 3), seed: int = 1):
+    """Token ids `(B, T)` left-padded with id 0, the attention mask, and generate()'s position ids."""
+    generator = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    input_ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    attention_mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        input_ids[row, width - length :] = torch.randint(3, vocab_size, (length,), generator=generator)
+        attention_mask[row, width - length :] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return input_ids, attention_mask, position_ids
+
+
+@pytest.fixture(params=sorted(ATTENTION_LAYOUTS))
+def layout(request) -> str:
+    return request.param
