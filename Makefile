@@ -1,0 +1,30 @@
+# The README's commands. Each creates .venv (if needed) and installs the project into it.
+#   make demo   pretrain the default model on the bundled Shakespeare corpus and print a sample
+#   make test   run the test suite (the long end-to-end runs are marked `slow`: make test-slow)
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU build of torch; on a GPU machine use e.g. `make demo TORCH=torch`.
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: install demo test test-slow lint
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)" -e ".[dev]"
+	touch $@
+
+demo: install
+	$(BIN)/minirope-pretrain
+
+test: install
+	$(BIN)/python -m pytest
+
+test-slow: install
+	$(BIN)/python -m pytest -m slow
+
+lint: install
+	$(BIN)/ruff check src tests benchmarks

@@ -1,0 +1,305 @@
+"""`minirope-pretrain`: train a minirope model from scratch with the Hugging Face Trainer.
+
+With no arguments it trains the default model (`MiniRopeConfig()`) on the bundled Shakespeare corpus
+on CPU in a few minutes and writes a Hugging Face model folder to `runs/minirope-shakespeare`. Every
+`TrainingArguments` flag works (`--max_steps`, `--learning_rate`, `--bf16`, `--output_dir`, ...); the
+recipe's own defaults are those of `PretrainingArguments` below. The same script runs unchanged under
+`torchrun` and `accelerate launch`.
+
+    minirope-pretrain                                  # the default recipe
+    minirope-pretrain --max_steps 100 --output_dir /tmp/run
+    minirope-pretrain --train_file a.txt --validation_file b.txt --block_size 512
+    minirope-pretrain --dataset_name NAME --dataset_config_name CONFIG
+    minirope-pretrain args.json                        # all arguments from a JSON file
+"""
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import (
+    GenerationConfig,
+    HfArgumentParser,
+    Trainer,
+    TrainingArguments,
+    default_data_collator,
+    set_seed,
+)
+
+from minirope import MiniRopeConfig, MiniRopeForCausalLM
+from minirope.training.data import group_texts, load_text_datasets
+from minirope.training.metrics import LanguageModelingMetrics, per_token_loss
+from minirope.training.report import plot_loss_curve
+from minirope.training.tokenizer import load_or_train_tokenizer, token_byte_lengths
+
+SAMPLE_PROMPT = "ROMEO:\nBut soft, what light"
+
+
+@dataclass
+class ModelArguments:
+    """Architecture flags. Each one left unset takes `MiniRopeConfig`'s default."""
+
+    hidden_size: int | None = field(default=None, metadata={"help": "Width of the residual stream."})
+    intermediate_size: int | None = field(default=None, metadata={"help": "Width of the SwiGLU MLP."})
+    num_hidden_layers: int | None = field(default=None, metadata={"help": "Number of decoder layers."})
+    num_attention_heads: int | None = field(default=None, metadata={"help": "Query heads per layer."})
+    num_key_value_heads: int | None = field(default=None, metadata={"help": "Key/value heads (GQA)."})
+    head_dim: int | None = field(default=None, metadata={"help": "Size of one head (even)."})
+    max_position_embeddings: int | None = field(
+        default=None, metadata={"help": "Trained context length; defaults to --block_size when that is given."}
+    )
+    rope_theta: float | None = field(default=None, metadata={"help": "RoPE base (10000 by default)."})
+    tie_word_embeddings: bool | None = field(default=None, metadata={"help": "Share lm_head and embeddings."})
+    attn_implementation: str = field(default="sdpa", metadata={"help": "eager, sdpa, flash_attention_2, ..."})
+
+    def config_kwargs(self) -> dict:
+        kwargs = {
+            name: value
+            for name, value in vars(self).items()
+            if value is not None and name not in ("rope_theta", "attn_implementation")
+        }
+        if self.rope_theta is not None:
+            kwargs["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta}
+        return kwargs
+
+
+@dataclass
+class DataArguments:
+    """Where the text comes from, how it is tokenized and cut into blocks."""
+
+    train_file: str | None = field(default=None, metadata={"help": "Plain-text training file."})
+    validation_file: str | None = field(default=None, metadata={"help": "Plain-text validation file."})
+    dataset_name: str | None = field(default=None, metadata={"help": "A `datasets` dataset with text."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration name."})
+    text_column: str = field(default="text", metadata={"help": "The dataset's text column."})
+    block_size: int | None = field(
+        default=None, metadata={"help": "Tokens per training sequence; default max_position_embeddings."}
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "Use this tokenizer instead of training one."}
+    )
+    tokenizer_vocab_size: int | None = field(
+        default=None, metadata={"help": "Vocabulary of the BPE to train; default MiniRopeConfig().vocab_size."}
+    )
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only this many training blocks."})
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Keep only this many validation blocks (default: the whole split)."}
+    )
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenizing."})
+    sample_prompt: str = field(default=SAMPLE_PROMPT, metadata={"help": "Prompt of the sample printed at the end."})
+    sample_max_new_tokens: int = field(default=120, metadata={"help": "Length of that sample."})
+
+
+@dataclass
+class PretrainingArguments(TrainingArguments):
+    """`TrainingArguments` with the defaults of the recipe measured in README.md (2-core CPU, ~6 min)."""
+
+    output_dir: str = field(default="runs/minirope-shakespeare", metadata={"help": "Where the model is written."})
+    per_device_train_batch_size: int = 16
+    per_device_eval_batch_size: int = 32
+    learning_rate: float = 4e-3
+    weight_decay: float = 0.1
+    adam_beta2: float = 0.95
+    max_grad_norm: float = 1.0
+    max_steps: int = 720
+    warmup_steps: float = 50
+    lr_scheduler_type: str = "cosine"
+    bf16: bool = True
+    torch_compile: bool = True
+    # CPU only where there is no GPU/accelerator (with one, Trainer/accelerate place the model on it).
+    use_cpu: bool = not torch.accelerator.is_available()
+    eval_strategy: str = "steps"
+    eval_steps: float = 360
+    logging_steps: float = 25
+    save_strategy: str = "steps"
+    save_steps: float = 360
+    save_total_limit: int | None = 1
+    seed: int = 42
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, PretrainingArguments]:
+    parser = HfArgumentParser((ModelArguments, DataArguments, PretrainingArguments))
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        return parser.parse_json_file(argv[0])
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def build_config(model_args: ModelArguments, data_args: DataArguments, tokenizer) -> MiniRopeConfig:
+    """The model config: flags over `MiniRopeConfig` defaults, vocabulary and special ids from the tokenizer.
+
+    Raises:
+        ValueError: `--block_size` exceeds `--max_position_embeddings` (the trained context).
+    """
+    kwargs = model_args.config_kwargs()
+    if data_args.block_size is not None:
+        kwargs.setdefault("max_position_embeddings", data_args.block_size)
+    config = MiniRopeConfig(
+        **kwargs,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    block_size = data_args.block_size or config.max_position_embeddings
+    if block_size > config.max_position_embeddings:
+        raise ValueError(
+            f"--block_size {block_size} is longer than --max_position_embeddings "
+            f"{config.max_position_embeddings}: the model would train on positions it is not configured "
+            f"for. Lower --block_size or raise --max_position_embeddings."
+        )
+    data_args.block_size = block_size
+    return config
+
+
+def tokenize_and_group(raw, tokenizer, data_args: DataArguments, training_args: TrainingArguments):
+    """Tokenize every row and cut the stream into blocks: `train` drops the last partial block,
+    `validation` pads it so that every token is scored."""
+
+    def tokenize(batch):
+        return tokenizer(batch["text"], add_special_tokens=False, return_attention_mask=False)
+
+    with training_args.main_process_first(desc="tokenizing"):
+        tokenized = raw.map(
+            tokenize,
+            batched=True,
+            remove_columns=raw["train"].column_names,
+            num_proc=data_args.preprocessing_num_workers,
+            desc="Tokenizing",
+        )
+        splits = {}
+        for split, pad_token_id in (("train", None), ("validation", tokenizer.pad_token_id)):
+            splits[split] = tokenized[split].map(
+                group_texts,
+                batched=True,
+                batch_size=10_000,
+                fn_kwargs={"block_size": data_args.block_size, "pad_token_id": pad_token_id},
+                num_proc=data_args.preprocessing_num_workers,
+                desc=f"Grouping {split} into blocks of {data_args.block_size}",
+            )
+    train, validation = splits["train"], splits["validation"]
+    if data_args.max_train_samples is not None:
+        train = train.select(range(min(len(train), data_args.max_train_samples)))
+    if data_args.max_eval_samples is not None:
+        validation = validation.select(range(min(len(validation), data_args.max_eval_samples)))
+    return train, validation
+
+
+def final_evaluation(trainer: Trainer) -> dict:
+    """The validation metrics of the trained model: those of the periodic evaluation if it ran at the
+    last step (the model has not changed since), else a new evaluation."""
+    last = trainer.state.log_history[-2] if len(trainer.state.log_history) > 1 else {}
+    if last.get("step") == trainer.state.global_step and "eval_bits_per_byte" in last:
+        return {key: value for key, value in last.items() if key.startswith("eval_") or key == "epoch"}
+    return trainer.evaluate()
+
+
+def sample(model, tokenizer, prompt: str, max_new_tokens: int, seed: int) -> str:
+    """A sample from the trained model with the stock `generate()` and its generation config."""
+    set_seed(seed)
+    inputs = tokenizer(prompt, return_tensors="pt").to(model.device)
+    model.eval()
+    with torch.no_grad():
+        output = model.generate(**inputs, max_new_tokens=max_new_tokens)
+    return tokenizer.decode(output[0], skip_special_tokens=True)
+
+
+def run(argv: list[str] | None = None) -> dict:
+    """Parse `argv` (default: the command line), pretrain, save, and return the final validation metrics."""
+    model_args, data_args, training_args = parse_args(argv)
+    set_seed(training_args.seed)
+    started = time.perf_counter()
+    output_dir = Path(training_args.output_dir)
+
+    raw = load_text_datasets(
+        data_args.train_file,
+        data_args.validation_file,
+        data_args.dataset_name,
+        data_args.dataset_config_name,
+        data_args.text_column,
+    )
+    if data_args.tokenizer_name_or_path:
+        from transformers import AutoTokenizer
+
+        tokenizer, reused = AutoTokenizer.from_pretrained(data_args.tokenizer_name_or_path), True
+    else:
+        vocab_size = data_args.tokenizer_vocab_size or MiniRopeConfig().vocab_size
+        tokenizer, reused = load_or_train_tokenizer(output_dir, raw["train"]["text"], vocab_size)
+    print(f"[minirope] tokenizer: {'reused' if reused else 'trained'}, {len(tokenizer)} tokens")
+
+    config = build_config(model_args, data_args, tokenizer)
+    train_dataset, eval_dataset = tokenize_and_group(raw, tokenizer, data_args, training_args)
+    model = MiniRopeForCausalLM._from_config(config, attn_implementation=model_args.attn_implementation)
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        do_sample=True,
+        temperature=0.8,
+        top_k=50,
+    )
+    n_params = model.num_parameters()
+    print(
+        f"[minirope] model: {n_params / 1e6:.2f}M parameters, {len(train_dataset)} training blocks and "
+        f"{len(eval_dataset)} validation blocks of {data_args.block_size} tokens"
+    )
+
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        data_collator=default_data_collator,  # equal-length blocks: no padding, no attention mask
+        processing_class=tokenizer,
+        compute_metrics=LanguageModelingMetrics(token_byte_lengths(tokenizer)),
+        preprocess_logits_for_metrics=per_token_loss,
+    )
+    train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    eval_metrics = final_evaluation(trainer)
+
+    trainer.save_model()
+    train_metrics = {
+        **train_result.metrics,
+        "train_tokens": trainer.state.global_step
+        * training_args.per_device_train_batch_size
+        * training_args.gradient_accumulation_steps
+        * training_args.world_size
+        * data_args.block_size,
+        "num_parameters": n_params,
+    }
+    trainer.save_metrics("train", train_metrics)
+    trainer.save_metrics("eval", eval_metrics)
+    trainer.save_state()
+
+    if not trainer.is_world_process_zero():
+        return eval_metrics
+    plot_loss_curve(trainer.state.log_history, output_dir / "loss_curve.png", f"minirope, {n_params / 1e6:.1f}M params")
+    text = sample(model, tokenizer, data_args.sample_prompt, data_args.sample_max_new_tokens, training_args.seed)
+    summary = {
+        "output_dir": str(output_dir),
+        "num_parameters": n_params,
+        "steps": trainer.state.global_step,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "validation_nats_per_token": eval_metrics["eval_nats_per_token"],
+        "validation_perplexity": eval_metrics["eval_perplexity"],
+        "validation_bits_per_byte": eval_metrics["eval_bits_per_byte"],
+        "sample": text,
+    }
+    (output_dir / "run_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"\n[minirope] {summary['steps']} steps in {summary['wall_seconds']:.0f} s; validation: "
+          f"{summary['validation_nats_per_token']:.4f} nats/token, perplexity "
+          f"{summary['validation_perplexity']:.2f}, {summary['validation_bits_per_byte']:.4f} bits/byte")
+    print(f"[minirope] model written to {output_dir}/ (load it with AutoModelForCausalLM.from_pretrained)")
+    print(f"[minirope] sample:\n{text}")
+    return eval_metrics
+
+
+def main() -> None:
+    run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""The stock generate() works on minirope: the KV cache changes nothing, and Llama generates the same."""
+
+import torch
+from conftest import llama_twin, random_model, tiny_config
+
+
+def test_greedy_with_cache_equals_without_cache_and_equals_llama(layout):
+    model = random_model(tiny_config(layout))
+    llama = llama_twin(model)
+    prompt = torch.randint(3, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(5))
+    # 40 new tokens from a 6-token prompt runs past max_position_embeddings=32: the cos/sin cache grows
+    settings = dict(max_new_tokens=40, do_sample=False, min_new_tokens=40, pad_token_id=0)
+    cached = model.generate(prompt, use_cache=True, **settings)
+    uncached = model.generate(prompt, use_cache=False, **settings)
+    from_llama = llama.generate(prompt, use_cache=True, **settings)
+    assert cached.shape == (2, 46)
+    assert torch.equal(cached, uncached)
+    assert torch.equal(cached, from_llama)
+    assert len(set(cached[0, 6:].tolist())) > 3  # not a degenerate repetition of one token
+
+
+def test_left_padded_batch_generates_as_each_prompt_alone():
+    model = random_model(tiny_config("gqa"))
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
+    batch = torch.tensor([prompts[0], [0, 0, 0, *prompts[1]]])
+    mask = torch.tensor([[1] * 6, [0, 0, 0, 1, 1, 1]])
+    settings = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
+    together = model.generate(batch, attention_mask=mask, **settings)
+    for row, prompt in enumerate(prompts):
+        alone = model.generate(torch.tensor([prompt]), **settings)
+        assert together[row, -10:].tolist() == alone[0, -10:].tolist()
