@@ -45,9 +45,19 @@ def random_model(config: MiniRopeConfig, seed: int = 0, attn: str = "sdpa") -> M
 
 def llama_twin(model: MiniRopeForCausalLM, attn: str | None = None) -> LlamaForCausalLM:
     """transformers' own LlamaForCausalLM with the same config fields and the same weights, loaded strictly."""
-    fields = {key: getattr(model.config, key) for key in (*TINY, "num_attention_heads", "num_key_value_heads",
-                                                          "head_dim", "attention_bias", "mlp_bias",
-                                                          "attention_dropout", "hidden_act")}
+    fields = {
+        key: getattr(model.config, key)
+        for key in (
+            *TINY,
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "attention_bias",
+            "mlp_bias",
+            "attention_dropout",
+            "hidden_act",
+        )
+    }
     config = LlamaConfig(**fields, rope_parameters=dict(model.config.rope_parameters))
     config._attn_implementation = attn or model.config._attn_implementation
     llama = LlamaForCausalLM(config).eval()

@@ -40,8 +40,12 @@ def test_defaults_and_llama_field_names():
 
 
 def test_config_round_trips_through_json(tmp_path):
-    config = MiniRopeConfig(hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
-                            rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0})
+    config = MiniRopeConfig(
+        hidden_size=96,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0},
+    )
     config.save_pretrained(tmp_path)
     loaded = MiniRopeConfig.from_pretrained(tmp_path)
     assert loaded.to_dict() == config.to_dict()

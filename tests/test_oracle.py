@@ -39,8 +39,14 @@ def test_loss_and_gradients_match_llama(layout):
         {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
         {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
         {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32},
-        {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-         "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+        {
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
     ],
     ids=lambda p: p["rope_type"],
 )

@@ -13,11 +13,40 @@ from minirope import MiniRopeForCausalLM
 from minirope.training import pretrain
 
 TINY_RUN = [
-    "--hidden_size", "32", "--intermediate_size", "64", "--num_hidden_layers", "2",
-    "--num_attention_heads", "4", "--num_key_value_heads", "2", "--block_size", "32",
-    "--tokenizer_vocab_size", "320", "--max_steps", "6", "--eval_steps", "3", "--save_steps", "3",
-    "--logging_steps", "2", "--per_device_train_batch_size", "4", "--max_train_samples", "64",
-    "--max_eval_samples", "16", "--sample_max_new_tokens", "8", "--warmup_steps", "1",
+    "--hidden_size",
+    "32",
+    "--intermediate_size",
+    "64",
+    "--num_hidden_layers",
+    "2",
+    "--num_attention_heads",
+    "4",
+    "--num_key_value_heads",
+    "2",
+    "--block_size",
+    "32",
+    "--tokenizer_vocab_size",
+    "320",
+    "--max_steps",
+    "6",
+    "--eval_steps",
+    "3",
+    "--save_steps",
+    "3",
+    "--logging_steps",
+    "2",
+    "--per_device_train_batch_size",
+    "4",
+    "--max_train_samples",
+    "64",
+    "--max_eval_samples",
+    "16",
+    "--sample_max_new_tokens",
+    "8",
+    "--warmup_steps",
+    "1",
+    "--torch_compile",
+    "False",
 ]
 
 
@@ -30,10 +59,20 @@ def tiny_run(tmp_path_factory):
 
 def test_writes_a_complete_hugging_face_folder(tiny_run):
     output_dir, metrics = tiny_run
-    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
-                 "tokenizer_config.json", "modeling_minirope.py", "configuration_minirope.py",
-                 "eval_results.json", "train_results.json", "all_results.json", "loss_curve.png",
-                 "run_summary.json"):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "modeling_minirope.py",
+        "configuration_minirope.py",
+        "eval_results.json",
+        "train_results.json",
+        "all_results.json",
+        "loss_curve.png",
+        "run_summary.json",
+    ):
         assert (output_dir / name).is_file(), name
     config = json.loads((output_dir / "config.json").read_text())
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_minirope.MiniRopeForCausalLM"
@@ -71,9 +110,26 @@ def test_second_run_reuses_the_tokenizer(tiny_run, capsys):
 def test_generate_cli_streams_text(tiny_run):
     output_dir, _ = tiny_run
     result = subprocess.run(
-        [sys.executable, "-m", "minirope.training.generate", "--model", str(output_dir), "--prompt", "ROMEO:",
-         "--max_new_tokens", "6", "--do_sample", "True", "--top_k", "5", "--seed", "3"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "minirope.training.generate",
+            "--model",
+            str(output_dir),
+            "--prompt",
+            "ROMEO:",
+            "--max_new_tokens",
+            "6",
+            "--do_sample",
+            "True",
+            "--top_k",
+            "5",
+            "--seed",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ROMEO:") and len(result.stdout.strip()) > len("ROMEO:")
@@ -82,7 +138,9 @@ def test_generate_cli_streams_text(tiny_run):
 def test_generate_cli_fails_clearly_on_a_missing_model(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "minirope.training.generate", "--model", str(tmp_path / "nope"), "--prompt", "x"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode != 0
     assert "cannot load a model" in result.stderr

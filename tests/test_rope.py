@@ -33,8 +33,9 @@ def test_cache_equals_closed_form_including_past_its_initial_length():
     torch.testing.assert_close(cos.double(), want_cos, rtol=0, atol=1e-4)
     torch.testing.assert_close(sin.double(), want_sin, rtol=0, atol=1e-4)
     # the grown cache still holds the first rows unchanged
-    torch.testing.assert_close(rope(torch.zeros(1), positions)[0].double(), closed_form(config, positions)[0],
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        rope(torch.zeros(1), positions)[0].double(), closed_form(config, positions)[0], rtol=0, atol=1e-6
+    )
 
 
 def test_output_follows_the_activation_dtype():

