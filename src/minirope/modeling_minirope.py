@@ -14,6 +14,7 @@ can ship it as remote code.
 """
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -389,6 +390,35 @@ class MiniRopePreTrainedModel(PreTrainedModel):
         "attentions": MiniRopeAttention,
     }
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, with safetensors as the only weight format by default.
+
+        A folder holding only a pickle (`pytorch_model.bin`) is refused unless `use_safetensors=False` is
+        passed explicitly (unpickling runs code from the file).
+
+        Raises:
+            OSError: no safetensors weights, or a truncated/corrupt `model.safetensors`.
+        """
+        kwargs.setdefault("use_safetensors", True)
+        folder = Path(str(pretrained_model_name_or_path))
+        if kwargs["use_safetensors"] and folder.is_dir() and not any(folder.glob("*.safetensors")):
+            if any(folder.glob("pytorch_model*.bin")):
+                raise OSError(
+                    f"{folder} holds only pickle weights (pytorch_model.bin), which are not loaded by default: "
+                    f"convert them with `model.save_pretrained()` (writes model.safetensors), or pass "
+                    f"use_safetensors=False if you trust the file."
+                )
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        except Exception as error:
+            if type(error).__name__ != "SafetensorError":
+                raise
+            raise OSError(
+                f"The weights in {pretrained_model_name_or_path} are truncated or corrupt ({error}): "
+                f"copy or download model.safetensors again, or re-save the model."
+            ) from error
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         # transformers resets `inv_freq`/`original_inv_freq` of any "*RotaryEmbedding" module;
@@ -416,6 +446,21 @@ class MiniRopeModel(MiniRopePreTrainedModel):
         self.rotary_emb = MiniRopeRotaryEmbedding(config=config)
         self.gradient_checkpointing = False
         self.post_init()
+
+    def _check_token_ids(self, input_ids: torch.LongTensor) -> None:
+        """Raise a clear error for ids outside `[0, vocab_size)`, instead of the embedding's bare IndexError.
+
+        Checked only for CPU tensors outside compiled graphs, where it costs a reduction and no device sync.
+        """
+        if input_ids.device.type != "cpu" or input_ids.numel() == 0 or torch.compiler.is_compiling():
+            return
+        low, high = int(input_ids.min()), int(input_ids.max())
+        vocab_size = self.embed_tokens.num_embeddings
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"input_ids hold token id {high if high >= vocab_size else low}, outside the vocabulary "
+                f"[0, {vocab_size}): tokenize with this model's tokenizer, or resize_token_embeddings()."
+            )
 
     @merge_with_config_defaults
     @capture_outputs
@@ -445,11 +490,13 @@ class MiniRopeModel(MiniRopePreTrainedModel):
             `BaseModelOutputWithPast` with `last_hidden_state` `(B, T, D)` and `past_key_values`.
 
         Raises:
-            ValueError: if both or neither of `input_ids` and `inputs_embeds` are given.
+            ValueError: if both or neither of `input_ids` and `inputs_embeds` are given, or (CPU tensors) an id
+                is outside `[0, vocab_size)`.
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         if inputs_embeds is None:
+            self._check_token_ids(input_ids)
             inputs_embeds = self.embed_tokens(input_ids)
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
