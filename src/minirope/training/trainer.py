@@ -1,0 +1,58 @@
+"""The Trainer the minirope scripts use: transformers' `Trainer` with a guard against non-finite losses."""
+
+from pathlib import Path
+
+import torch
+from transformers import Trainer, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; raised before the optimizer step, so no update is applied."""
+
+
+class MiniRopeTrainer(Trainer):
+    """`Trainer` that stops on a NaN/inf loss, and leaves the model card to minirope.
+
+    The check reads one scalar per micro-batch (a device sync on GPU, free on CPU). It runs before the
+    optimizer step, so the weights, and every checkpoint already written, hold only finite values.
+    """
+
+    def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if not torch.isfinite(loss).all():
+            output_dir = Path(self.args.output_dir)
+            last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+            raise NonFiniteLossError(
+                f"the training loss became {loss.item()} at step {self.state.global_step + 1}; training stopped "
+                f"before that update. Last good checkpoint: {last or 'none saved yet'}. Lower --learning_rate, "
+                f"raise --warmup_steps or keep --max_grad_norm > 0, then resume with --resume_from_checkpoint."
+            )
+        return loss
+
+    def create_model_card(self, *args, **kwargs) -> None:
+        """minirope writes its own card (`minirope.training.output.model_card`) before any push."""
+
+
+def resolve_resume(training_args: TrainingArguments) -> str | None:
+    """`--resume_from_checkpoint last` (or `True`) means the newest `checkpoint-N` in `--output_dir`.
+
+    Raises:
+        FileNotFoundError: the checkpoint (or any checkpoint, for `last`) does not exist.
+    """
+    resume = training_args.resume_from_checkpoint
+    if resume in (None, "", "False", "false"):
+        return None
+    if resume in ("last", "True", "true"):
+        last = get_last_checkpoint(training_args.output_dir) if Path(training_args.output_dir).is_dir() else None
+        if last is None:
+            raise FileNotFoundError(f"no checkpoint-N folder in {training_args.output_dir} to resume from.")
+        return last
+    if not Path(resume).is_dir():
+        raise FileNotFoundError(f"--resume_from_checkpoint {resume} is not a checkpoint folder: check the path.")
+    return resume
+
+
+def scheduler_name(training_args: TrainingArguments) -> str:
+    scheduler = training_args.lr_scheduler_type
+    return getattr(scheduler, "value", scheduler)
