@@ -81,3 +81,25 @@ def left_padded_batch(vocab_size: int, lengths=(12, 7, 3), seed: int = 1):
 @pytest.fixture(params=sorted(ATTENTION_LAYOUTS))
 def layout(request) -> str:
     return request.param
+
+
+# A pretraining run small enough for the default suite (~5 s): tiny model, 64 blocks, 6 steps.
+# fmt: off
+TINY_RUN = [
+    "--hidden_size", "32", "--intermediate_size", "64", "--num_hidden_layers", "2",
+    "--num_attention_heads", "4", "--num_key_value_heads", "2", "--block_size", "32",
+    "--tokenizer_vocab_size", "320", "--max_steps", "6", "--eval_steps", "3", "--save_steps", "3",
+    "--logging_steps", "2", "--per_device_train_batch_size", "4", "--max_train_samples", "64",
+    "--max_eval_samples", "16", "--sample_max_new_tokens", "8", "--warmup_steps", "1", "--torch_compile", "False",
+]
+# fmt: on
+
+
+@pytest.fixture(scope="session")
+def tiny_pretrained(tmp_path_factory):
+    """A folder written by a tiny `minirope-pretrain` run; tests must not modify it."""
+    from minirope.training import pretrain
+
+    output_dir = tmp_path_factory.mktemp("pretrained")
+    pretrain.run([*TINY_RUN, "--output_dir", str(output_dir)])
+    return output_dir

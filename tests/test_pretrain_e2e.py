@@ -7,47 +7,11 @@ import sys
 
 import pytest
 import torch
+from conftest import TINY_RUN
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
 from minirope import MiniRopeForCausalLM
 from minirope.training import pretrain
-
-TINY_RUN = [
-    "--hidden_size",
-    "32",
-    "--intermediate_size",
-    "64",
-    "--num_hidden_layers",
-    "2",
-    "--num_attention_heads",
-    "4",
-    "--num_key_value_heads",
-    "2",
-    "--block_size",
-    "32",
-    "--tokenizer_vocab_size",
-    "320",
-    "--max_steps",
-    "6",
-    "--eval_steps",
-    "3",
-    "--save_steps",
-    "3",
-    "--logging_steps",
-    "2",
-    "--per_device_train_batch_size",
-    "4",
-    "--max_train_samples",
-    "64",
-    "--max_eval_samples",
-    "16",
-    "--sample_max_new_tokens",
-    "8",
-    "--warmup_steps",
-    "1",
-    "--torch_compile",
-    "False",
-]
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ Sampling settings left unset come from the model's generation_config.json. A fol
 loads with or without minirope installed (remote code, `--trust_remote_code`).
 """
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, TextStreamer, set_seed
 
 import minirope  # noqa: F401  (registers the minirope classes with the Auto factories)
+from minirope.training.cli import run_cli
 
 
 @dataclass
@@ -35,22 +35,39 @@ class GenerateArguments:
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
-def main(argv: list[str] | None = None) -> None:
+def run(argv: list[str] | None = None) -> None:
+    """Parse `argv`, load the model and tokenizer, and stream a continuation of the prompt to stdout.
+
+    Raises:
+        ValueError: bad flags, or no usable tokenizer in the folder.
+        OSError: no loadable model (missing folder, truncated or pickle-only weights).
+    """
     (args,) = HfArgumentParser(GenerateArguments).parse_args_into_dataclasses(args=argv)
-    if not Path(args.model).is_dir() and Path(args.model).exists():
-        sys.exit(f"minirope-generate: --model {args.model} is a file; pass the folder written by save_pretrained.")
+    if Path(args.model).is_file():
+        raise ValueError(f"--model {args.model} is a file: pass the folder written by save_pretrained.")
     if args.max_new_tokens < 1:
-        sys.exit(f"minirope-generate: --max_new_tokens must be >= 1, got {args.max_new_tokens}.")
+        raise ValueError(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}.")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
     except OSError as error:
-        sys.exit(f"minirope-generate: cannot load a model from {args.model!r}: {error}")
+        raise OSError(f"cannot load a model from {args.model!r}: {error}") from error
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError) as error:
+        reason = str(error).strip().splitlines()[0]
+        raise ValueError(
+            f"cannot load a tokenizer from {args.model!r} ({reason}): save it next to the model with "
+            f"tokenizer.save_pretrained(folder)."
+        ) from error
     set_seed(args.seed)
     inputs = tokenizer(args.prompt, return_tensors="pt").to(model.device)
     streamer = TextStreamer(tokenizer, skip_special_tokens=True)
     with torch.no_grad():
         model.eval().generate(**inputs, streamer=streamer, **args.generation_kwargs())
+
+
+def main() -> None:
+    run_cli("minirope-generate", run)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ from pathlib import Path
 
 import torch
 from transformers import Trainer, TrainingArguments
-from transformers.trainer_utils import get_last_checkpoint
 
 
 class NonFiniteLossError(RuntimeError):
@@ -21,8 +20,7 @@ class MiniRopeTrainer(Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         loss = super().training_step(model, inputs, num_items_in_batch)
         if not torch.isfinite(loss).all():
-            output_dir = Path(self.args.output_dir)
-            last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+            last = last_complete_checkpoint(self.args.output_dir)
             raise NonFiniteLossError(
                 f"the training loss became {loss.item()} at step {self.state.global_step + 1}; training stopped "
                 f"before that update. Last good checkpoint: {last or 'none saved yet'}. Lower --learning_rate, "
@@ -38,19 +36,29 @@ def resolve_resume(training_args: TrainingArguments) -> str | None:
     """`--resume_from_checkpoint last` (or `True`) means the newest `checkpoint-N` in `--output_dir`.
 
     Raises:
-        FileNotFoundError: the checkpoint (or any checkpoint, for `last`) does not exist.
+        FileNotFoundError: the checkpoint (or any complete checkpoint, for `last`) does not exist.
     """
     resume = training_args.resume_from_checkpoint
     if resume in (None, "", "False", "false"):
         return None
     if resume in ("last", "True", "true"):
-        last = get_last_checkpoint(training_args.output_dir) if Path(training_args.output_dir).is_dir() else None
+        last = last_complete_checkpoint(training_args.output_dir)
         if last is None:
-            raise FileNotFoundError(f"no checkpoint-N folder in {training_args.output_dir} to resume from.")
+            raise FileNotFoundError(f"no complete checkpoint-N folder in {training_args.output_dir} to resume from.")
         return last
     if not Path(resume).is_dir():
         raise FileNotFoundError(f"--resume_from_checkpoint {resume} is not a checkpoint folder: check the path.")
     return resume
+
+
+def last_complete_checkpoint(output_dir: str | Path) -> str | None:
+    """The newest `checkpoint-N` in `output_dir` whose `trainer_state.json` (written last) exists.
+
+    The Trainer writes a checkpoint file by file; one cut short by a crash lacks that file and is skipped.
+    """
+    folders = [path for path in Path(output_dir).glob("checkpoint-*") if path.name.split("-")[-1].isdigit()]
+    complete = [path for path in folders if (path / "trainer_state.json").is_file()]
+    return str(max(complete, key=lambda path: int(path.name.split("-")[-1]))) if complete else None
 
 
 def scheduler_name(training_args: TrainingArguments) -> str:

@@ -1,0 +1,87 @@
+"""minirope-finetune: plain text, one bundled play, JSONL prompt/completion; full, LoRA merged, LoRA adapter."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from minirope import MiniRopeForCausalLM
+from minirope.training import finetune
+from minirope.training.metrics import IGNORE_INDEX
+
+FAST = ["--num_train_epochs", "2", "--per_device_train_batch_size", "4", "--torch_compile", "False",
+        "--max_train_samples", "24", "--max_eval_samples", "8", "--learning_rate", "3e-3"]  # fmt: skip
+
+
+def finetune_run(base, output_dir, *extra):
+    return finetune.run(["--model_name_or_path", str(base), "--output_dir", str(output_dir), *FAST, *extra])
+
+
+def test_full_finetune_on_a_play_lowers_the_held_out_loss(tiny_pretrained, tmp_path):
+    result = finetune_run(tiny_pretrained, tmp_path, "--play", "the-tempest")
+    assert result["after"]["eval_nats_per_token"] < result["before"]["eval_nats_per_token"]
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert isinstance(model, MiniRopeForCausalLM)
+    card = (tmp_path / "README.md").read_text()
+    assert "base_model:" in card and "library_name: transformers" in card and "bits_per_byte" in card
+    summary = json.loads((tmp_path / "run_summary.json").read_text())
+    assert (
+        summary["method"] == "full" and summary["after"]["eval_bits_per_byte"] < summary["before"]["eval_bits_per_byte"]
+    )
+
+
+def test_lora_merged_and_adapter_only(tiny_pretrained, tmp_path):
+    merged = finetune_run(tiny_pretrained, tmp_path / "merged", "--play", "the-tempest", "--lora")
+    adapter = finetune_run(
+        tiny_pretrained, tmp_path / "adapter", "--play", "the-tempest", "--lora", "--merge_lora", "False"
+    )
+    assert merged["after"]["eval_nats_per_token"] < merged["before"]["eval_nats_per_token"]
+    # the same training; only what is saved differs
+    assert adapter["after"]["eval_nats_per_token"] == merged["after"]["eval_nats_per_token"]
+    assert (tmp_path / "merged" / "model.safetensors").is_file()
+    assert not (tmp_path / "merged" / "adapter_config.json").exists()
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+    assert not (tmp_path / "adapter" / "model.safetensors").exists()
+    # the merged model's weights give the adapted model's loss (same seed, same data: same training)
+    from peft import AutoPeftModelForCausalLM
+
+    peft_model = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "adapter").eval()
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    input_ids = AutoTokenizer.from_pretrained(tmp_path / "merged")("ROMEO:\nO", return_tensors="pt").input_ids
+    with torch.no_grad():
+        torch.testing.assert_close(plain(input_ids).logits, peft_model(input_ids).logits, rtol=0, atol=1e-4)
+
+
+def test_prompt_completion_trains_on_completions_only(tiny_pretrained, tmp_path):
+    rows = [{"prompt": f"Q: who speaks {i}?\nA:", "completion": " ROMEO speaks.\n"} for i in range(12)]
+    for name in ("train.jsonl", "valid.jsonl"):
+        (tmp_path / name).write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    args = finetune.parse_args(
+        ["--model_name_or_path", str(tiny_pretrained), "--train_file", str(tmp_path / "train.jsonl"),
+         "--validation_file", str(tmp_path / "valid.jsonl"), "--block_size", "32"]
+    )  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
+    train, _ = finetune.prompt_completion_datasets(args[1], tokenizer, args[2])
+    row = train[0]
+    prompt_length = len(tokenizer(rows[0]["prompt"], add_special_tokens=False).input_ids)
+    assert row["labels"][:prompt_length] == [IGNORE_INDEX] * prompt_length
+    assert row["labels"][prompt_length:] == row["input_ids"][prompt_length:]
+    assert row["input_ids"][-1] == tokenizer.eos_token_id
+
+    result = finetune_run(
+        tiny_pretrained, tmp_path / "out", "--train_file", str(tmp_path / "train.jsonl"),
+        "--validation_file", str(tmp_path / "valid.jsonl"),
+    )  # fmt: skip
+    assert result["after"]["eval_nats_per_token"] < result["before"]["eval_nats_per_token"]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [("not json", "is not JSON"), ('{"prompt": "a"}', "'prompt' and 'completion'")],
+)
+def test_bad_jsonl_rows_are_named(tmp_path, line, message):
+    (tmp_path / "t.jsonl").write_text('{"prompt": "a", "completion": "b"}\n' + line + "\n")
+    with pytest.raises(ValueError, match=message) as error:
+        finetune.load_prompt_completion(str(tmp_path / "t.jsonl"), str(tmp_path / "t.jsonl"))
+    assert "line 2" in str(error.value)
