@@ -1,0 +1,41 @@
+"""A run killed with SIGKILL after a checkpoint resumes to the result of an uninterrupted run."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import TINY_RUN
+
+from minirope.training import pretrain
+
+# fp32 for bit-level determinism; no periodic evaluation; a checkpoint every 10 of 120 steps.
+RUN = [*TINY_RUN, "--bf16", "False", "--max_steps", "120", "--save_steps", "10", "--eval_strategy", "no",
+       "--max_train_samples", "400", "--save_total_limit", "2", "--seed", "7"]  # fmt: skip
+
+
+def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
+    want = pretrain.run([*RUN, "--output_dir", str(tmp_path / "uninterrupted")])
+
+    out = tmp_path / "killed"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "minirope.training.pretrain", *RUN, "--output_dir", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 240
+    while not (out / "checkpoint-10" / "trainer_state.json").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL
+    # the killed run left checkpoints, and no folder that looks like a finished model
+    assert not (out / "config.json").exists() and not (out / "model.safetensors").exists()
+    killed_at = json.loads((out / "checkpoint-10" / "trainer_state.json").read_text())["global_step"]
+    assert killed_at < 120
+
+    got = pretrain.run([*RUN, "--output_dir", str(out), "--resume_from_checkpoint", "last"])
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 120
+    relative = abs(got["eval_nats_per_token"] - want["eval_nats_per_token"]) / want["eval_nats_per_token"]
+    assert relative <= 1e-4, (got["eval_nats_per_token"], want["eval_nats_per_token"])
