@@ -454,7 +454,7 @@ class MiniRopeModel(MiniRopePreTrainedModel):
         """
         if input_ids.device.type != "cpu" or input_ids.numel() == 0 or torch.compiler.is_compiling():
             return
-        low, high = int(input_ids.min()), int(input_ids.max())
+        low, high = (int(value) for value in torch.aminmax(input_ids))
         vocab_size = self.embed_tokens.num_embeddings
         if low < 0 or high >= vocab_size:
             raise ValueError(

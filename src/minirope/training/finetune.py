@@ -15,17 +15,14 @@ after training; the output folder is Hub-ready (model or adapter, tokenizer, mod
     minirope-finetune --model_name_or_path runs/minirope-shakespeare --play the-tempest --lora
 """
 
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     DataCollatorForSeq2Seq,
-    HfArgumentParser,
     TrainingArguments,
     default_data_collator,
     set_seed,
@@ -38,7 +35,8 @@ from minirope.training.metrics import IGNORE_INDEX, LanguageModelingMetrics, per
 from minirope.training.output import check_output_dir, finish_run, model_card
 from minirope.training.pretrain import final_evaluation, tokenize_and_group
 from minirope.training.tokenizer import token_byte_lengths
-from minirope.training.trainer import MiniRopeTrainer, resolve_resume, scheduler_name
+from minirope.training.trainer import MiniRopeTrainer, MiniRopeTrainingArguments, resolve_resume, scheduler_name
+from minirope.training.trainer import parse_args as parse_cli_args
 
 LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
@@ -71,35 +69,23 @@ class FinetuneDataArguments:
 
 
 @dataclass
-class FinetuningArguments(TrainingArguments):
+class FinetuningArguments(MiniRopeTrainingArguments):
     """`TrainingArguments` with defaults for a short fine-tune on CPU."""
 
     output_dir: str = field(default="runs/minirope-finetuned", metadata={"help": "Where the model is written."})
-    overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Replace a different model already in --output_dir."}
-    )
     num_train_epochs: float = 3.0
     per_device_train_batch_size: int = 16
-    per_device_eval_batch_size: int = 32
     learning_rate: float = 3e-4
     weight_decay: float = 0.0
     warmup_steps: float = 5
-    lr_scheduler_type: str = "cosine"
-    bf16: bool = True
-    use_cpu: bool = not torch.accelerator.is_available()
     eval_strategy: str = "epoch"
     save_strategy: str = "epoch"
     save_total_limit: int | None = 1
     logging_steps: float = 5
-    seed: int = 42
 
 
 def parse_args(argv: list[str] | None = None):
-    parser = HfArgumentParser((FinetuneModelArguments, FinetuneDataArguments, FinetuningArguments))
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(argv[0])
-    return parser.parse_args_into_dataclasses(args=argv)
+    return parse_cli_args((FinetuneModelArguments, FinetuneDataArguments, FinetuningArguments), argv)
 
 
 def is_prompt_completion(data_args: FinetuneDataArguments) -> bool:

@@ -13,7 +13,6 @@ recipe's own defaults are those of `PretrainingArguments` below. The same script
     minirope-pretrain args.json                        # all arguments from a JSON file
 """
 
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,6 @@ import torch
 from transformers import (
     AutoTokenizer,
     GenerationConfig,
-    HfArgumentParser,
     Trainer,
     TrainingArguments,
     default_data_collator,
@@ -35,7 +33,13 @@ from minirope.training.data import BUNDLED_CORPUS, group_texts, load_text_datase
 from minirope.training.metrics import LanguageModelingMetrics, per_token_loss
 from minirope.training.output import check_output_dir, finish_run, model_card
 from minirope.training.tokenizer import load_or_train_tokenizer, token_byte_lengths
-from minirope.training.trainer import MiniRopeTrainer, resolve_resume, scheduler_name
+from minirope.training.trainer import (
+    MiniRopeTrainer,
+    MiniRopeTrainingArguments,
+    resolve_resume,
+    scheduler_name,
+)
+from minirope.training.trainer import parse_args as parse_cli_args
 
 SAMPLE_PROMPT = "ROMEO:\nBut soft, what light"
 
@@ -96,41 +100,28 @@ class DataArguments:
 
 
 @dataclass
-class PretrainingArguments(TrainingArguments):
+class PretrainingArguments(MiniRopeTrainingArguments):
     """`TrainingArguments` with the defaults of the recipe measured in README.md (2-core CPU, ~6 min)."""
 
     output_dir: str = field(default="runs/minirope-shakespeare", metadata={"help": "Where the model is written."})
-    overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Replace a different model already in --output_dir."}
-    )
     per_device_train_batch_size: int = 16
-    per_device_eval_batch_size: int = 32
     learning_rate: float = 3e-3
     weight_decay: float = 0.1
     adam_beta2: float = 0.95
     max_grad_norm: float = 1.0
     max_steps: int = 700
     warmup_steps: float = 50
-    lr_scheduler_type: str = "cosine"
-    bf16: bool = True
     torch_compile: bool = True
-    # CPU only where there is no GPU/accelerator (with one, Trainer/accelerate place the model on it).
-    use_cpu: bool = not torch.accelerator.is_available()
     eval_strategy: str = "steps"
     eval_steps: float = 350
     logging_steps: float = 25
     save_strategy: str = "steps"
     save_steps: float = 350
     save_total_limit: int | None = 1
-    seed: int = 42
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, PretrainingArguments]:
-    parser = HfArgumentParser((ModelArguments, DataArguments, PretrainingArguments))
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(argv[0])
-    return parser.parse_args_into_dataclasses(args=argv)
+    return parse_cli_args((ModelArguments, DataArguments, PretrainingArguments), argv)
 
 
 def build_config(model_args: ModelArguments, data_args: DataArguments, tokenizer) -> MiniRopeConfig:

@@ -1,9 +1,35 @@
 """The Trainer the minirope scripts use: transformers' `Trainer` with a guard against non-finite losses."""
 
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import HfArgumentParser, Trainer, TrainingArguments
+
+
+@dataclass
+class MiniRopeTrainingArguments(TrainingArguments):
+    """`TrainingArguments` with the defaults both minirope scripts share, plus `--overwrite_output_dir`."""
+
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Replace a different model already in --output_dir."}
+    )
+    bf16: bool = True
+    # CPU only where there is no GPU/accelerator (with one, Trainer/accelerate place the model on it).
+    use_cpu: bool = not torch.accelerator.is_available()
+    per_device_eval_batch_size: int = 32
+    lr_scheduler_type: str = "cosine"
+    seed: int = 42
+
+
+def parse_args(dataclass_types: tuple, argv: list[str] | None = None) -> tuple:
+    """`HfArgumentParser` over `dataclass_types`; a single `.json` argument is read as a file of arguments."""
+    parser = HfArgumentParser(dataclass_types)
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        return parser.parse_json_file(argv[0])
+    return parser.parse_args_into_dataclasses(args=argv)
 
 
 class NonFiniteLossError(RuntimeError):
