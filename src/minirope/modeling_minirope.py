@@ -79,6 +79,10 @@ class MiniRopeRotaryEmbedding(nn.Module):
     `dynamic` (NTK-aware) and `longrope` recompute `inv_freq` from the sequence length, on the same
     schedule as `LlamaRotaryEmbedding` (and so give the same numbers), and rebuild the tables when it changes.
 
+    Inside a `torch.compile`d graph these length checks (data-dependent) are skipped: positions must stay
+    below `max_seq_len_cached` (call `reset_cache(n)` before compiling for longer contexts), and `dynamic`/
+    `longrope` keep the frequencies they had when the graph was traced.
+
     Args:
         config: a `MiniRopeConfig` (uses `head_dim`, `max_position_embeddings`, `rope_parameters`).
         device: where to build the buffers.
