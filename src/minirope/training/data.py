@@ -17,6 +17,7 @@ never seen in training, not even a neighbouring line.
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 
@@ -82,6 +83,25 @@ def shakespeare_dataset() -> DatasetDict:
         "validation": _speeches(plays[name] for name in VALIDATION_PLAYS),
     }
     return DatasetDict({split: Dataset.from_dict({"text": rows}) for split, rows in splits.items()})
+
+
+@dataclass
+class TextDataArguments:
+    """Where the text comes from, and how it is cut into sequences (flags shared by the training CLIs)."""
+
+    train_file: str | None = field(default=None, metadata={"help": "Plain-text training file."})
+    validation_file: str | None = field(default=None, metadata={"help": "Plain-text validation file."})
+    dataset_name: str | None = field(default=None, metadata={"help": "A `datasets` dataset with text."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration name."})
+    text_column: str = field(default="text", metadata={"help": "The dataset's text column."})
+    block_size: int | None = field(
+        default=None, metadata={"help": "Tokens per sequence; default the model's max_position_embeddings."}
+    )
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only this many training sequences."})
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Keep only this many validation sequences (default: the whole split)."}
+    )
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenizing."})
 
 
 def check_text_file(path: str | Path) -> str:

@@ -30,7 +30,7 @@ from transformers import (
 
 import minirope  # noqa: F401  (registers the minirope classes with the Auto factories)
 from minirope.training.cli import run_cli
-from minirope.training.data import load_prompt_completion, load_text_datasets, play_dataset
+from minirope.training.data import TextDataArguments, load_prompt_completion, load_text_datasets, play_dataset
 from minirope.training.metrics import IGNORE_INDEX, LanguageModelingMetrics, per_token_loss
 from minirope.training.output import check_output_dir, finish_run, model_card
 from minirope.training.pretrain import final_evaluation, tokenize_and_group
@@ -55,17 +55,10 @@ class FinetuneModelArguments:
 
 
 @dataclass
-class FinetuneDataArguments:
+class FinetuneDataArguments(TextDataArguments):
+    """Data flags, plus one play of the bundled corpus; a .jsonl --train_file holds prompt/completion rows."""
+
     play: str | None = field(default=None, metadata={"help": "A play of the bundled corpus, e.g. the-tempest."})
-    train_file: str | None = field(default=None, metadata={"help": ".txt (plain text) or .jsonl (prompt/completion)."})
-    validation_file: str | None = field(default=None, metadata={"help": "Same format as --train_file."})
-    dataset_name: str | None = field(default=None, metadata={"help": "A `datasets` dataset with text."})
-    dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration name."})
-    text_column: str = field(default="text", metadata={"help": "The dataset's text column."})
-    block_size: int | None = field(default=None, metadata={"help": "Tokens per sequence; default the model's context."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only this many training rows/blocks."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only this many validation rows/blocks."})
-    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenizing."})
 
 
 @dataclass

@@ -29,7 +29,7 @@ from transformers import (
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM
 from minirope.training.cli import run_cli
-from minirope.training.data import BUNDLED_CORPUS, group_texts, load_text_datasets
+from minirope.training.data import BUNDLED_CORPUS, TextDataArguments, group_texts, load_text_datasets
 from minirope.training.metrics import LanguageModelingMetrics, per_token_loss
 from minirope.training.output import check_output_dir, finish_run, model_card
 from minirope.training.tokenizer import load_or_train_tokenizer, token_byte_lengths
@@ -73,28 +73,15 @@ class ModelArguments:
 
 
 @dataclass
-class DataArguments:
-    """Where the text comes from, how it is tokenized and cut into blocks."""
+class DataArguments(TextDataArguments):
+    """Data flags, the tokenizer to train or reuse, and the sample printed at the end."""
 
-    train_file: str | None = field(default=None, metadata={"help": "Plain-text training file."})
-    validation_file: str | None = field(default=None, metadata={"help": "Plain-text validation file."})
-    dataset_name: str | None = field(default=None, metadata={"help": "A `datasets` dataset with text."})
-    dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration name."})
-    text_column: str = field(default="text", metadata={"help": "The dataset's text column."})
-    block_size: int | None = field(
-        default=None, metadata={"help": "Tokens per training sequence; default max_position_embeddings."}
-    )
     tokenizer_name_or_path: str | None = field(
         default=None, metadata={"help": "Use this tokenizer instead of training one."}
     )
     tokenizer_vocab_size: int | None = field(
         default=None, metadata={"help": "Vocabulary of the BPE to train; default MiniRopeConfig().vocab_size."}
     )
-    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only this many training blocks."})
-    max_eval_samples: int | None = field(
-        default=None, metadata={"help": "Keep only this many validation blocks (default: the whole split)."}
-    )
-    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenizing."})
     sample_prompt: str = field(default=SAMPLE_PROMPT, metadata={"help": "Prompt of the sample printed at the end."})
     sample_max_new_tokens: int = field(default=120, metadata={"help": "Length of that sample."})
 
