@@ -175,14 +175,9 @@ def load_prompt_completion(train_file: str, validation_file: str) -> DatasetDict
     return DatasetDict(splits)
 
 
-def load_text_datasets(
-    train_file: str | None = None,
-    validation_file: str | None = None,
-    dataset_name: str | None = None,
-    dataset_config_name: str | None = None,
-    text_column: str = "text",
-) -> DatasetDict:
-    """Training data: plain-text files, a `datasets` dataset, or (when neither is given) the bundled corpus.
+def load_text_datasets(args: TextDataArguments) -> DatasetDict:
+    """Training data from `args`: plain-text files, a `datasets` dataset, or (when neither is given) the
+    bundled corpus.
 
     Returns a `DatasetDict` with `train` and `validation` splits and one `text` column.
 
@@ -191,6 +186,8 @@ def load_text_datasets(
         ValueError: both files and a dataset name are given, a file is given without its pair, or the
             dataset has no `text_column` or no validation split.
     """
+    train_file, validation_file, dataset_name = args.train_file, args.validation_file, args.dataset_name
+    text_column = args.text_column
     if dataset_name and (train_file or validation_file):
         raise ValueError("Give either --dataset_name or --train_file/--validation_file, not both.")
     if bool(train_file) != bool(validation_file):
@@ -202,7 +199,7 @@ def load_text_datasets(
         return load_dataset("text", data_files=data_files, keep_linebreaks=True)
     if not dataset_name:
         return shakespeare_dataset()
-    dataset = load_dataset(dataset_name, dataset_config_name)
+    dataset = load_dataset(dataset_name, args.dataset_config_name)
     if "validation" not in dataset:
         raise ValueError(f"Dataset {dataset_name} has no 'validation' split: pass one with --validation_file.")
     if text_column not in dataset["train"].column_names:

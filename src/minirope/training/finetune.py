@@ -35,8 +35,13 @@ from minirope.training.metrics import IGNORE_INDEX, LanguageModelingMetrics, per
 from minirope.training.output import check_output_dir, finish_run, model_card
 from minirope.training.pretrain import final_evaluation, tokenize_and_group
 from minirope.training.tokenizer import token_byte_lengths
-from minirope.training.trainer import MiniRopeTrainer, MiniRopeTrainingArguments, resolve_resume, scheduler_name
-from minirope.training.trainer import parse_args as parse_cli_args
+from minirope.training.trainer import (
+    MiniRopeTrainer,
+    MiniRopeTrainingArguments,
+    parse_cli_args,
+    resolve_resume,
+    scheduler_name,
+)
 
 LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
@@ -119,13 +124,7 @@ def text_datasets(data_args: FinetuneDataArguments, tokenizer, training_args: Tr
     if data_args.play:
         raw = play_dataset(data_args.play)
     elif data_args.train_file or data_args.dataset_name:
-        raw = load_text_datasets(
-            data_args.train_file,
-            data_args.validation_file,
-            data_args.dataset_name,
-            data_args.dataset_config_name,
-            data_args.text_column,
-        )
+        raw = load_text_datasets(data_args)
     else:
         raise ValueError("No data: give --play NAME, --train_file/--validation_file, or --dataset_name.")
     return tokenize_and_group(raw, tokenizer, data_args, training_args)

@@ -36,10 +36,10 @@ from minirope.training.tokenizer import load_or_train_tokenizer, token_byte_leng
 from minirope.training.trainer import (
     MiniRopeTrainer,
     MiniRopeTrainingArguments,
+    parse_cli_args,
     resolve_resume,
     scheduler_name,
 )
-from minirope.training.trainer import parse_args as parse_cli_args
 
 SAMPLE_PROMPT = "ROMEO:\nBut soft, what light"
 
@@ -222,13 +222,7 @@ def run(argv: list[str] | None = None) -> dict:
     output_dir = Path(training_args.output_dir)
     resume = resolve_resume(training_args)
 
-    raw = load_text_datasets(
-        data_args.train_file,
-        data_args.validation_file,
-        data_args.dataset_name,
-        data_args.dataset_config_name,
-        data_args.text_column,
-    )
+    raw = load_text_datasets(data_args)
     tokenizer, reused = load_tokenizer(data_args, raw["train"]["text"], output_dir, resume)
     print(f"[minirope] tokenizer: {'reused' if reused else 'trained'}, {len(tokenizer)} tokens")
 

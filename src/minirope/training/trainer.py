@@ -23,7 +23,7 @@ class MiniRopeTrainingArguments(TrainingArguments):
     seed: int = 42
 
 
-def parse_args(dataclass_types: tuple, argv: list[str] | None = None) -> tuple:
+def parse_cli_args(dataclass_types: tuple, argv: list[str] | None = None) -> tuple:
     """`HfArgumentParser` over `dataclass_types`; a single `.json` argument is read as a file of arguments."""
     parser = HfArgumentParser(dataclass_types)
     argv = sys.argv[1:] if argv is None else argv
