@@ -67,14 +67,14 @@ def build_pair(size: str) -> tuple[MiniRopeForCausalLM, LlamaForCausalLM]:
     return model, to_llama(model)
 
 
-def train_case(model, batch: int, length: int, dtype: torch.dtype) -> Callable[[], int]:
+def train_case(model, batch: int, length: int, dtype: torch.dtype, **loss_settings) -> Callable[[], int]:
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     input_ids = torch.randint(0, model.config.vocab_size, (batch, length))
 
     def step() -> int:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            loss = model(input_ids, labels=input_ids).loss
+            loss = model(input_ids, labels=input_ids, **loss_settings).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -161,8 +161,11 @@ def rope_microbenchmark(reps: int) -> list[dict]:
             timings[label] = statistics.median(samples) * 1e6
         rows.append({"length": length, "gather_us": timings["cache gather"], "recompute_us": timings["recompute"],
                      "speedup": timings["recompute"] / timings["cache gather"]})  # fmt: skip
-        print(f"rope cos/sin, T={length:<5} gather {timings['cache gather']:8.1f} us  recompute "
-              f"{timings['recompute']:8.1f} us  speed-up {rows[-1]['speedup']:.2f}x", flush=True)
+        print(
+            f"rope cos/sin, T={length:<5} gather {timings['cache gather']:8.1f} us  recompute "
+            f"{timings['recompute']:8.1f} us  speed-up {rows[-1]['speedup']:.2f}x",
+            flush=True,
+        )
     return rows
 
 

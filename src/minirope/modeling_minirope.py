@@ -38,7 +38,9 @@ from .configuration_minirope import MiniRopeConfig
 class MiniRopeRMSNorm(nn.Module):
     """Root-mean-square layer norm (Zhang & Sennrich 2019): `x / sqrt(mean(x^2) + eps) * weight`.
 
-    Computed in float32 and cast back, exactly as `LlamaRMSNorm`. Input and output: `(..., D)`.
+    Normalised in float32, cast back to the input dtype, then scaled by `weight`: the rounding steps of
+    `LlamaRMSNorm`, with the normalisation in one fused kernel (`torch.nn.functional.rms_norm`) instead of
+    five elementwise ones. Input and output: `(..., D)`.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -47,11 +49,8 @@ class MiniRopeRMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
+        normalized = nn.functional.rms_norm(hidden_states.float(), self.weight.shape, eps=self.variance_epsilon)
+        return self.weight * normalized.to(hidden_states.dtype)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
@@ -375,6 +374,66 @@ class MiniRopeDecoderLayer(GradientCheckpointingLayer):
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
+class LinearCrossEntropy(torch.autograd.Function):
+    """Cross-entropy of `hidden @ weight.T` against `targets`, a chunk of rows at a time.
+
+    The value and gradients of transformers' `ForCausalLMLoss(lm_head(hidden), ...)` (logits upcast to
+    float32, `ignore_index` -100, mean over the counted targets or sum / `num_items_in_batch`) without the
+    `(N, V)` logits or their gradient ever existing in full. For each chunk of `chunk_size` rows the float32
+    logits give the loss and, at once, their gradient `softmax - one_hot(target)` (scaled by 1 / count),
+    which is multiplied into the gradients of `hidden` and `weight` and dropped; `backward` only scales those
+    by the incoming gradient. Under autocast the three matrix products run in the autocast dtype, as
+    `nn.Linear` and its backward would. Same approach as Liger Kernel's fused linear cross-entropy.
+
+    Args (of `apply`): hidden `(N, D)`; weight `(V, D)`; targets `(N,)` int64 in `[0, V)` or -100;
+    num_items_in_batch: the denominator (tensor or int), or None for the number of counted targets;
+    chunk_size: rows per chunk.
+    Returns: the scalar loss, float32, in nats per counted target.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, num_items_in_batch, chunk_size):
+        ctx.weight_dtype = weight.dtype
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        compute_hidden, compute_weight = hidden.to(dtype), weight.to(dtype)
+        counted = targets != -100
+        denominator = counted.sum() if num_items_in_batch is None else num_items_in_batch
+        scale = counted / denominator  # (N,): d loss / d (per-row loss)
+        targets = targets.masked_fill(~counted, 0)
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, hidden.shape[0], chunk_size):
+            rows = slice(start, start + chunk_size)
+            logits = (compute_hidden[rows] @ compute_weight.T).float()
+            log_normalizer = logits.logsumexp(-1, keepdim=True)
+            target_logit = logits.gather(-1, targets[rows, None])
+            loss += ((log_normalizer - target_logit).squeeze(-1) * scale[rows]).sum()
+            if grad_hidden is None and grad_weight is None:
+                continue
+            grad_logits = logits.sub_(log_normalizer).exp_()  # softmax
+            grad_logits.scatter_add_(-1, targets[rows, None], torch.full_like(target_logit, -1.0))
+            grad_logits = (grad_logits * scale[rows, None]).to(dtype)
+            if grad_hidden is not None:
+                grad_hidden[rows] = grad_logits @ compute_weight
+            if grad_weight is not None:
+                grad_weight += grad_logits.T @ compute_hidden[rows]
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return (
+            None if grad_hidden is None else grad_hidden * grad_loss,
+            None if grad_weight is None else (grad_weight * grad_loss).to(ctx.weight_dtype),
+            None,
+            None,
+            None,
+        )
+
+
 class MiniRopePreTrainedModel(PreTrainedModel):
     """Weight init, attention backends and loading conventions shared by the minirope models."""
 
@@ -555,6 +614,7 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        skip_logits: bool = False,
         **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
         """Next-token logits, and the language-modelling loss when `labels` are given.
@@ -564,10 +624,17 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
                 `MiniRopeModel.forward`.
             labels: `(B, T)` int64 targets aligned with `input_ids` (shifted inside the loss); -100 is ignored.
             logits_to_keep: compute logits only for the last N positions (0 = all), or for given indices.
+            skip_logits: with `labels`, return only the loss (`logits=None`) and compute it chunk by chunk
+                (`LinearCrossEntropy`): the same loss and gradients without the `(B, T, V)` float32 logits in
+                memory. `MiniRopeTrainer` sets it for training steps (transformers' Trainer passes the same
+                flag with `--use_liger_kernel`).
 
         Returns:
-            `CausalLMOutputWithPast` with `logits` `(B, T', V)` (float, model dtype) and `loss`, a scalar
-            mean cross-entropy in nats per predicted token.
+            `CausalLMOutputWithPast` with `logits` `(B, T', V)` (float, model dtype; None with `skip_logits`)
+            and `loss`, a scalar mean cross-entropy in nats per predicted token.
+
+        Raises:
+            ValueError: `skip_logits=True` without `labels`.
         """
         outputs: BaseModelOutputWithPast = self.model(
             input_ids=input_ids,
@@ -578,6 +645,16 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             **kwargs,
         )
+        if skip_logits and labels is None:
+            raise ValueError("skip_logits=True returns only the loss: pass labels, or drop skip_logits.")
+        # A plain bias-free head can be fused with the loss; a wrapped one (e.g. PEFT LoRA) gets logits first.
+        if skip_logits and type(self.lm_head) is nn.Linear and self.lm_head.bias is None:
+            return CausalLMOutputWithPast(
+                loss=self.chunked_loss(outputs.last_hidden_state, labels, **kwargs),
+                past_key_values=outputs.past_key_values,
+                hidden_states=outputs.hidden_states,
+                attentions=outputs.attentions,
+            )
         hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
         logits = self.lm_head(hidden_states)
         loss = None
@@ -590,6 +667,26 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
+
+    def chunked_loss(
+        self,
+        hidden_states: torch.Tensor,
+        labels: torch.LongTensor,
+        num_items_in_batch: torch.Tensor | int | None = None,
+        shift_labels: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """`ForCausalLMLoss` of `lm_head(hidden_states)` (`(B, T, D)`, labels `(B, T)`) via `LinearCrossEntropy`.
+
+        Chunks hold about 2M logits (8 MiB in float32): large enough for efficient matrix products, small
+        enough to be reused from the allocator's free memory rather than freshly mapped each step.
+        """
+        if shift_labels is None:  # token t predicts label t + 1, as in ForCausalLMLoss
+            shift_labels = nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
+        hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
+        targets = shift_labels.reshape(-1).to(hidden.device)
+        chunk_size = max(1, 2**21 // self.config.vocab_size)
+        return LinearCrossEntropy.apply(hidden, self.lm_head.weight, targets, num_items_in_batch, chunk_size)
 
 
 __all__ = [

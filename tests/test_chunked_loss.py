@@ -1,0 +1,82 @@
+"""`skip_logits=True`: the chunked loss equals transformers' LlamaForCausalLM loss, and so do its gradients."""
+
+import pytest
+import torch
+from conftest import llama_twin, random_model, tiny_config
+from transformers import TrainingArguments
+
+from minirope.modeling_minirope import LinearCrossEntropy
+from minirope.training.trainer import MiniRopeTrainer
+
+
+def loss_and_grads(model, **kwargs):
+    model.zero_grad()
+    output = model(**kwargs)
+    output.loss.backward()
+    return output, {name: param.grad.clone() for name, param in model.named_parameters()}
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("num_items_in_batch", [None, 40])
+def test_chunked_loss_and_gradients_match_llama(layout, tied, num_items_in_batch):
+    model = random_model(tiny_config(layout, tie_word_embeddings=tied)).train()
+    llama = llama_twin(model).train()
+    input_ids = torch.randint(3, model.config.vocab_size, (3, 24), generator=torch.Generator().manual_seed(5))
+    labels = input_ids.clone()
+    labels[0, :7] = -100  # a masked prompt
+    labels[2, 20:] = -100
+    kwargs = dict(input_ids=input_ids, labels=labels, num_items_in_batch=num_items_in_batch)
+    ours, our_grads = loss_and_grads(model, skip_logits=True, **kwargs)
+    theirs, llama_grads = loss_and_grads(llama, **kwargs)
+    assert ours.logits is None and theirs.logits is not None
+    torch.testing.assert_close(ours.loss, theirs.loss, rtol=1e-6, atol=0)  # float32 summation order
+    for name, grad in our_grads.items():
+        torch.testing.assert_close(grad, llama_grads[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_chunked_loss_under_bf16_autocast_matches_llama():
+    model = random_model(tiny_config()).train()
+    llama = llama_twin(model).train()
+    input_ids = torch.randint(3, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(6))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours, our_grads = loss_and_grads(model, input_ids=input_ids, labels=input_ids, skip_logits=True)
+        theirs, llama_grads = loss_and_grads(llama, input_ids=input_ids, labels=input_ids)
+    torch.testing.assert_close(ours.loss, theirs.loss, rtol=1e-3, atol=0)
+    for name, grad in our_grads.items():  # bf16 matrix products: agreement to bf16 rounding (2^-8)
+        scale = llama_grads[name].abs().max()
+        assert (grad - llama_grads[name]).abs().max() <= 2e-2 * scale, name
+
+
+def test_linear_cross_entropy_chunking_does_not_change_the_result():
+    generator = torch.Generator().manual_seed(7)
+    hidden = torch.randn(50, 16, generator=generator, requires_grad=True)
+    weight = torch.randn(30, 16, generator=generator, requires_grad=True)
+    targets = torch.randint(0, 30, (50,), generator=generator)
+    targets[::7] = -100
+    expected = torch.nn.functional.cross_entropy(hidden @ weight.T, targets)
+    expected_grads = torch.autograd.grad(expected, (hidden, weight))
+    for chunk_size in (1, 7, 50, 64):
+        loss = LinearCrossEntropy.apply(hidden, weight, targets, None, chunk_size)
+        grads = torch.autograd.grad(2.5 * loss, (hidden, weight))  # the incoming gradient scales both
+        torch.testing.assert_close(loss, expected, rtol=0, atol=1e-6)
+        for grad, want in zip(grads, expected_grads, strict=True):
+            torch.testing.assert_close(grad, 2.5 * want, rtol=1e-5, atol=1e-6)
+
+
+def test_skip_logits_needs_labels():
+    model = random_model(tiny_config())
+    with pytest.raises(ValueError, match="pass labels"):
+        model(torch.tensor([[3, 4, 5]]), skip_logits=True)
+
+
+def test_trainer_asks_for_the_loss_alone_in_training_steps_only(tmp_path):
+    model = random_model(tiny_config()).train()
+    seen = []
+    record = lambda module, args, kwargs: seen.append(kwargs.get("skip_logits"))  # noqa: E731
+    model.register_forward_pre_hook(record, with_kwargs=True)
+    trainer = MiniRopeTrainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[]))
+    batch = {"input_ids": torch.tensor([[3, 4, 5, 6]]), "labels": torch.tensor([[3, 4, 5, 6]])}
+    trainer.compute_loss(model, batch)
+    model.eval()
+    trainer.compute_loss(model, batch)
+    assert seen == [True, None]
