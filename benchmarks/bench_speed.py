@@ -1,17 +1,23 @@
 """Speed and memory: minirope vs transformers' LlamaForCausalLM with the same config and weights.
 
-Both models run in one process; each case alternates minirope and Llama repetitions and reports the
-median, and the minirope/Llama ratio (> 1 is faster for throughputs, < 1 is leaner for memory).
+    python benchmarks/bench_speed.py                       # everything (~25 min on 2 cores)
+    python benchmarks/bench_speed.py --sizes 1M 12M --reps 3 --skip_scaling
 
-    python benchmarks/bench_speed.py                 # all cases (~15 min on 2 cores)
-    python benchmarks/bench_speed.py --sizes 1M 12M --reps 3 --skip_compile
+Speed: both models run in one process; each case alternates minirope and Llama repetitions (after a
+warm-up of each) and reports the medians and the minirope/Llama ratio (> 1: minirope is faster).
+Peak memory: each (case, model) runs again in a fresh process, which reports the rise of its peak
+resident set (Linux VmHWM) over the resident set before the case; ratio < 1: minirope is leaner. A fresh
+process per measurement matters: the allocator keeps freed pages, so a second case in one process looks free.
 
-Cases: training step (forward + backward + AdamW) in fp32 and in bf16 autocast at ~1M, 12M and 100M
-parameters; prefill tokens/s; greedy decode tokens/s at batch 1 and 8 with the dynamic cache; minirope
-with `cache_implementation="static"` and a compiled forward against Llama's dynamic-cache decode; a
-RoPE microbenchmark (cos/sin cache gather vs recomputing cos/sin from positions) at 128..8192 tokens.
-Peak memory is the rise of the process's peak resident set (Linux VmHWM, reset before each case).
-Prints a markdown table and writes benchmarks/results/speed.json.
+Cases: a training step (forward + backward + AdamW; minirope with `skip_logits=True`, as `MiniRopeTrainer`
+calls it) in fp32 and in bf16 autocast at ~1M, 12M and 100M parameters; prefill; greedy decode at batch
+1 and 8 with the default dynamic cache; minirope with a static cache and a compiled forward
+(`torch.compile` with Inductor's `freezing`, its CPU inference mode) against Llama's dynamic-cache decode;
+a RoPE microbenchmark (cos/sin cache gather vs recomputing cos/sin from positions) at 128..8192 tokens.
+Scaling curves (PNG): training step time vs sequence length at a fixed 4096 tokens per step, and greedy
+decode time per token vs context length.
+
+Writes benchmarks/results/speed.json and benchmarks/results/scaling.png and prints a markdown table.
 """
 
 import argparse
@@ -19,19 +25,23 @@ import gc
 import json
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from datetime import date
+from functools import partial
 from pathlib import Path
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM, MiniRopeRotaryEmbedding
 from minirope.convert import to_llama
 
+RESULTS = Path(__file__).parent / "results"
 SIZES = {
     "1M": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, vocab_size=2048),
     "12M": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6, vocab_size=4096),
@@ -40,26 +50,10 @@ SIZES = {
     ),
 }
 TRAIN_BATCH = {"1M": (16, 256), "12M": (16, 256), "100M": (4, 256)}
+DECODE_TOKENS = 64
 
 
-def rss_peak_reset() -> int:
-    """Reset the peak resident set (Linux) and return the current resident set, in bytes."""
-    Path("/proc/self/clear_refs").write_text("5")
-    return _status_kb("VmRSS") * 1024
-
-
-def rss_peak() -> int:
-    return _status_kb("VmHWM") * 1024
-
-
-def _status_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def build_pair(size: str) -> tuple[MiniRopeForCausalLM, LlamaForCausalLM]:
+def build_pair(size: str) -> tuple[MiniRopeForCausalLM, transformers.LlamaForCausalLM]:
     torch.manual_seed(0)
     config = MiniRopeConfig(**SIZES[size], max_position_embeddings=4096)
     config._attn_implementation = "sdpa"
@@ -67,10 +61,12 @@ def build_pair(size: str) -> tuple[MiniRopeForCausalLM, LlamaForCausalLM]:
     return model, to_llama(model)
 
 
-def train_case(model, batch: int, length: int, dtype: torch.dtype, **loss_settings) -> Callable[[], int]:
+def train_case(model, batch: int, length: int, dtype: torch.dtype = torch.float32) -> Callable[[], int]:
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     input_ids = torch.randint(0, model.config.vocab_size, (batch, length))
+    # minirope's training step asks for the loss alone, as MiniRopeTrainer does; Llama has no such option.
+    loss_settings = {"skip_logits": True} if isinstance(model, MiniRopeForCausalLM) else {}
 
     def step() -> int:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
@@ -95,47 +91,111 @@ def prefill_case(model, batch: int, length: int) -> Callable[[], int]:
     return run
 
 
-def decode_case(model, batch: int, new_tokens: int, **settings) -> Callable[[], int]:
+def generate(model, prompt: torch.Tensor, new_tokens: int, **settings) -> None:
+    with torch.no_grad():
+        model.generate(prompt, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                       pad_token_id=0, **settings)  # fmt: skip
+
+
+def decode_case(model, batch: int, new_tokens: int = DECODE_TOKENS, **settings) -> Callable[[], int]:
     model.eval()
     prompt = torch.randint(3, model.config.vocab_size, (batch, 16))
 
     def run() -> int:
-        with torch.no_grad():
-            model.generate(prompt, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                           pad_token_id=0, **settings)  # fmt: skip
+        generate(model, prompt, new_tokens, **settings)
         return batch * new_tokens
 
     return run
 
 
-def compare(name: str, ours: Callable[[], int], theirs: Callable[[], int], reps: int, unit: str) -> dict:
-    """Alternate the two, `reps` rounds of one repetition each, after a warm-up of each."""
+def compiled_static(model: MiniRopeForCausalLM) -> MiniRopeForCausalLM:
+    """`model` with its forward compiled for decoding with a static cache (fixed shapes, weights frozen)."""
+    import torch._inductor.config
+
+    torch._inductor.config.freezing = True  # CPU inference: weights become constants, linears prepacked
+    model.eval()
+    model.forward = torch.compile(model.forward, fullgraph=True, dynamic=False)
+    return model
+
+
+def static_compiled_or_dynamic(model) -> Callable[[], int]:
+    """minirope: static cache + compiled forward; Llama: its default dynamic cache (the target's baseline)."""
+    if isinstance(model, MiniRopeForCausalLM):
+        return decode_case(compiled_static(model), 1, cache_implementation="static")
+    return decode_case(model, 1)
+
+
+# name -> (unit, function building the runnable for one model)
+CASES: dict[str, tuple[str, Callable]] = {
+    f"train {size} {label} {batch}x{length}": ("tokens/s", partial(train_case, batch=batch, length=length, dtype=dtype))
+    for size, (batch, length) in TRAIN_BATCH.items()
+    for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))
+}
+CASES |= {
+    "prefill 12M fp32 8x512": ("tokens/s", partial(prefill_case, batch=8, length=512)),
+    "greedy decode 12M fp32 batch 1, dynamic cache": ("tokens/s", partial(decode_case, batch=1)),
+    "greedy decode 12M fp32 batch 8, dynamic cache": ("tokens/s", partial(decode_case, batch=8)),
+    "greedy decode 12M fp32 batch 1: minirope static cache + compile vs Llama dynamic": (
+        "tokens/s",
+        static_compiled_or_dynamic,
+    ),
+}
+
+
+def case_size(name: str) -> str:
+    return next(size for size in SIZES if f" {size} " in f" {name} ")
+
+
+def rss_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def peak_memory_child(name: str, which: str) -> None:
+    """In a fresh process: the peak resident set during a repetition of the case after a warm-up one, minus
+    the resident set before the warm-up (so it counts optimizer state and caches, not one-time compilation)."""
+    ours, theirs = build_pair(case_size(name))
+    run = CASES[name][1](ours if which == "minirope" else theirs)
+    gc.collect()
+    before = rss_bytes("VmRSS")
+    run()  # warm-up: optimizer state, caches, compilation
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident set
+    run()
+    print(json.dumps({"peak_rise_bytes": rss_bytes("VmHWM") - before}))
+
+
+def peak_memory(name: str, which: str) -> float:
+    """Peak resident-set rise in MiB of `which` model running case `name`, measured in a fresh process."""
+    result = subprocess.run(
+        [sys.executable, __file__, "--_peak_memory", name, which], capture_output=True, text=True, check=True
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])["peak_rise_bytes"] / 2**20
+
+
+def compare(name: str, reps: int, measure_memory: bool) -> dict:
+    """Alternate the two models, `reps` rounds of one repetition each, after a warm-up of each."""
+    unit, make = CASES[name]
+    ours_model, theirs_model = build_pair(case_size(name))
+    ours, theirs = make(ours_model), make(theirs_model)
     ours(), theirs()
     rates = {"minirope": [], "llama": []}
-    memory = {}
-    for label, run in (("minirope", ours), ("llama", theirs)):
-        gc.collect()
-        base = rss_peak_reset()
-        run()
-        memory[label] = max(0, rss_peak() - base)
     for _ in range(reps):
         for label, run in (("minirope", ours), ("llama", theirs)):
             start = time.perf_counter()
             units = run()
             rates[label].append(units / (time.perf_counter() - start))
-    row = {
-        "case": name,
-        "unit": unit,
-        "minirope": statistics.median(rates["minirope"]),
-        "llama": statistics.median(rates["llama"]),
-        "minirope_peak_mib": memory["minirope"] / 2**20,
-        "llama_peak_mib": memory["llama"] / 2**20,
-    }
+    row = {"case": name, "unit": unit, "params_millions": round(ours_model.num_parameters() / 1e6, 1)}
+    row |= {label: statistics.median(values) for label, values in rates.items()}
     row["ratio"] = row["minirope"] / row["llama"]
-    row["memory_ratio"] = row["minirope_peak_mib"] / row["llama_peak_mib"] if row["llama_peak_mib"] else float("nan")
-    print(f"{name:<40} minirope {row['minirope']:>10.1f}  llama {row['llama']:>10.1f} {unit:<9} "
-          f"ratio {row['ratio']:.3f}  peak MiB {row['minirope_peak_mib']:.0f} / {row['llama_peak_mib']:.0f}",
-          flush=True)  # fmt: skip
+    if measure_memory:
+        row["minirope_peak_mib"], row["llama_peak_mib"] = peak_memory(name, "minirope"), peak_memory(name, "llama")
+        row["memory_ratio"] = row["minirope_peak_mib"] / row["llama_peak_mib"]
+    memory = f"  peak MiB {row['minirope_peak_mib']:.0f} / {row['llama_peak_mib']:.0f}" if measure_memory else ""
+    print(f"{name:<60} minirope {row['minirope']:>9.1f}  llama {row['llama']:>9.1f} {unit}  "
+          f"ratio {row['ratio']:.3f}{memory}", flush=True)  # fmt: skip
     return row
 
 
@@ -145,13 +205,12 @@ def rope_microbenchmark(reps: int) -> list[dict]:
     config = MiniRopeConfig(hidden_size=768, num_attention_heads=12, max_position_embeddings=8192)
     llama_config = LlamaConfig(hidden_size=768, num_attention_heads=12, max_position_embeddings=8192,
                                rope_parameters=dict(config.rope_parameters))  # fmt: skip
-    llama_rope = LlamaRotaryEmbedding(llama_config)
-    ours = MiniRopeRotaryEmbedding(config)
+    modules = {"gather": MiniRopeRotaryEmbedding(config), "recompute": LlamaRotaryEmbedding(llama_config)}
     x = torch.zeros(1, dtype=torch.float32)
     for length in (128, 512, 2048, 8192):
         positions = torch.arange(length)[None]
         timings = {}
-        for label, module in (("cache gather", ours), ("recompute", llama_rope)):
+        for label, module in modules.items():
             module(x, positions)
             samples = []
             for _ in range(max(reps, 20)):
@@ -159,14 +218,67 @@ def rope_microbenchmark(reps: int) -> list[dict]:
                 module(x, positions)
                 samples.append(time.perf_counter() - start)
             timings[label] = statistics.median(samples) * 1e6
-        rows.append({"length": length, "gather_us": timings["cache gather"], "recompute_us": timings["recompute"],
-                     "speedup": timings["recompute"] / timings["cache gather"]})  # fmt: skip
-        print(
-            f"rope cos/sin, T={length:<5} gather {timings['cache gather']:8.1f} us  recompute "
-            f"{timings['recompute']:8.1f} us  speed-up {rows[-1]['speedup']:.2f}x",
-            flush=True,
-        )
+        rows.append({"length": length, "gather_us": timings["gather"], "recompute_us": timings["recompute"],
+                     "speedup": timings["recompute"] / timings["gather"]})  # fmt: skip
+        print(f"rope cos/sin, T={length:<5} gather {timings['gather']:8.1f} us  recompute "
+              f"{timings['recompute']:8.1f} us  speed-up {rows[-1]['speedup']:.2f}x", flush=True)  # fmt: skip
     return rows
+
+
+def timed(run: Callable[[], object], reps: int) -> float:
+    run()
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def scaling_curves(reps: int) -> dict:
+    """12M model, fp32. Training step seconds vs sequence length T at 4096 tokens per step (so the linear
+    layers cost the same at every T and only attention grows, linearly in T per token), and greedy decode
+    milliseconds per token vs context length C (attention reads C cached keys: linear in C)."""
+    ours, theirs = build_pair("12M")
+    models = {"minirope": ours, "llama": theirs}
+    train = {"seq_len": [128, 256, 512, 1024, 2048]} | {label: [] for label in models}
+    for length in train["seq_len"]:
+        for label, model in models.items():
+            train[label].append(timed(train_case(model, 4096 // length, length, torch.float32), reps))
+        print(f"train step T={length:<5} " + "  ".join(f"{k} {train[k][-1]:.3f} s" for k in models), flush=True)
+    decode = {"context": [128, 512, 1024, 2048, 4000]} | {label: [] for label in models}
+    for context in decode["context"]:
+        prompt = torch.randint(3, ours.config.vocab_size, (1, context))
+        for label, model in models.items():
+            model.eval()
+            prefill = timed(lambda m=model, p=prompt: generate(m, p, 1), reps)
+            full = timed(lambda m=model, p=prompt: generate(m, p, 17), reps)
+            decode[label].append((full - prefill) / 16 * 1e3)
+        print(f"decode C={context:<5} " + "  ".join(f"{k} {decode[k][-1]:.2f} ms/token" for k in models), flush=True)
+    plot_scaling(train, decode, RESULTS / "scaling.png")
+    return {"train_step_seconds": train, "decode_ms_per_token": decode}
+
+
+def plot_scaling(train: dict, decode: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, style in (("minirope", "o-"), ("llama", "s--")):
+        left.plot(train["seq_len"], train[label], style, label=label)
+        right.plot(decode["context"], decode[label], style, label=label)
+    left.set(xscale="log", xlabel="sequence length T (tokens; 4096 tokens per step)", ylabel="seconds per step",
+             title="Training step (12M, fp32, fwd+bwd+AdamW)")  # fmt: skip
+    right.set(xlabel="context length (tokens)", ylabel="ms per generated token",
+              title="Greedy decode, dynamic cache (12M, fp32, batch 1)")  # fmt: skip
+    left.set_xticks(train["seq_len"], [str(n) for n in train["seq_len"]])
+    for axis in (left, right):
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
 
 
 def main() -> None:
@@ -174,47 +286,40 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--skip_compile", action="store_true", help="skip the static cache + compile case")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/speed.json"))
+    parser.add_argument("--skip_memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--skip_scaling", action="store_true", help="skip the scaling curves")
+    parser.add_argument("--out", type=Path, default=RESULTS / "speed.json")
+    parser.add_argument("--_peak_memory", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    rows = []
-    for size in args.sizes:
-        ours, theirs = build_pair(size)
-        batch, length = TRAIN_BATCH[size]
-        params = f"{ours.num_parameters() / 1e6:.1f}M"
-        for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
-            name = f"train {size} ({params}) {label} {batch}x{length}"
-            rows.append(compare(name, train_case(ours, batch, length, dtype),
-                                train_case(theirs, batch, length, dtype), args.reps, "tokens/s"))  # fmt: skip
-        if size == "12M":
-            rows.append(compare("prefill 12M fp32 8x512", prefill_case(ours, 8, 512), prefill_case(theirs, 8, 512),
-                                args.reps, "tokens/s"))  # fmt: skip
-            for batch_size in (1, 8):
-                rows.append(compare(f"greedy decode 12M fp32 batch {batch_size}, dynamic cache",
-                                    decode_case(ours, batch_size, 64), decode_case(theirs, batch_size, 64),
-                                    args.reps, "tokens/s"))  # fmt: skip
-            if not args.skip_compile:
-                compiled, _ = build_pair(size)
-                compiled.forward = torch.compile(compiled.forward, fullgraph=True, dynamic=False)
-                rows.append(compare("greedy decode 12M batch 1: static+compile vs Llama dynamic",
-                                    decode_case(compiled, 1, 64, cache_implementation="static"),
-                                    decode_case(theirs, 1, 64), args.reps, "tokens/s"))  # fmt: skip
-        del ours, theirs
-        gc.collect()
-    rope = rope_microbenchmark(args.reps)
+    if args._peak_memory:
+        return peak_memory_child(*args._peak_memory)
+    names = [name for name in CASES if case_size(name) in args.sizes]
+    if args.skip_compile:
+        names = [name for name in names if "compile" not in name]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    rows = [compare(name, args.reps, not args.skip_memory) for name in names]
     report = {
         "date": date.today().isoformat(),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, {platform.processor() or 'cpu'}",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },  # fmt: skip
         "cases": rows,
-        "rope": rope,
+        "rope": rope_microbenchmark(args.reps),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if not args.skip_scaling:
+        report["scaling"] = scaling_curves(max(3, args.reps // 2))
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print("\n| case | minirope | Llama | ratio | peak MiB minirope / Llama |\n|---|---|---|---|---|")
+    print("\n| case | params | minirope | Llama | ratio | peak MiB minirope / Llama | memory ratio |")
+    print("|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['case']} | {row['minirope']:.0f} | {row['llama']:.0f} {row['unit']} | {row['ratio']:.2f} | "
-              f"{row['minirope_peak_mib']:.0f} / {row['llama_peak_mib']:.0f} |")  # fmt: skip
-    print(f"\nwrote {args.out}")
+        memory = (f"{row['minirope_peak_mib']:.0f} / {row['llama_peak_mib']:.0f} | {row['memory_ratio']:.2f}"
+                  if "memory_ratio" in row else "- | -")  # fmt: skip
+        print(f"| {row['case']} | {row['params_millions']}M | {row['minirope']:,.0f} | {row['llama']:,.0f} "
+              f"{row['unit']} | {row['ratio']:.2f} | {memory} |")  # fmt: skip
+    print(f"\nwrote {args.out}" + ("" if args.skip_scaling else f" and {RESULTS / 'scaling.png'}"))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from minirope.training.cli import run_cli
 from minirope.training.data import BUNDLED_CORPUS, TextDataArguments, group_texts, load_text_datasets
 from minirope.training.metrics import LanguageModelingMetrics, per_token_loss
 from minirope.training.output import check_output_dir, finish_run, model_card
+from minirope.training.throughput import ThroughputCallback, matmul_peak_flops, training_flops_per_token
 from minirope.training.tokenizer import load_or_train_tokenizer, token_byte_lengths
 from minirope.training.trainer import (
     MiniRopeTrainer,
@@ -244,8 +245,17 @@ def run(argv: list[str] | None = None) -> dict:
         f"{len(eval_dataset)} validation blocks of {data_args.block_size} tokens"
     )
 
+    process_tokens_per_step = data_args.block_size * (
+        training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps
+    )
+    throughput = ThroughputCallback(
+        process_tokens_per_step,
+        training_flops_per_token(config, data_args.block_size),
+        matmul_peak_flops(training_args.device),
+    )
     trainer = MiniRopeTrainer(
         model=model,
+        callbacks=[throughput],
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
@@ -256,13 +266,14 @@ def run(argv: list[str] | None = None) -> dict:
     )
     train_result = trainer.train(resume_from_checkpoint=resume)
     eval_metrics = final_evaluation(trainer)
-    steps, tokens_per_step = (
-        trainer.state.global_step,
-        training_args.world_size
-        * data_args.block_size
-        * (training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps),
-    )
-    train_metrics = {**train_result.metrics, "train_tokens": steps * tokens_per_step, "num_parameters": n_params}
+    steps, tokens_per_step = trainer.state.global_step, training_args.world_size * process_tokens_per_step
+    speed = throughput.metrics()
+    train_metrics = {
+        **train_result.metrics,
+        "train_tokens": steps * tokens_per_step,
+        "num_parameters": n_params,
+        **{f"train_{key}": value for key, value in speed.items()},
+    }
     text = sample(model, tokenizer, data_args.sample_prompt, data_args.sample_max_new_tokens, training_args.seed)
     summary = {
         "output_dir": str(output_dir),
@@ -273,6 +284,7 @@ def run(argv: list[str] | None = None) -> dict:
         "validation_nats_per_token": eval_metrics["eval_nats_per_token"],
         "validation_perplexity": eval_metrics["eval_perplexity"],
         "validation_bits_per_byte": eval_metrics["eval_bits_per_byte"],
+        **speed,
         "sample": text,
     }
     dataset = data_args.dataset_name or (Path(data_args.train_file).name if data_args.train_file else BUNDLED_CORPUS)
@@ -293,6 +305,13 @@ def run(argv: list[str] | None = None) -> dict:
             f"{summary['validation_nats_per_token']:.4f} nats/token, perplexity "
             f"{summary['validation_perplexity']:.2f}, {summary['validation_bits_per_byte']:.4f} bits/byte"
         )
+        if speed:
+            print(
+                f"[minirope] training speed (per process, median step after warm-up): {speed['step_seconds']:.3f} "
+                f"s/step, {speed['tokens_per_second']:,.0f} tokens/s, {speed['model_tflops'] * 1e3:.0f} model "
+                f"GFLOP/s = MFU {speed['mfu']:.1%} of the {speed['bf16_matmul_peak_tflops'] * 1e3:.0f} GFLOP/s "
+                f"bf16 matmul peak measured in this run"
+            )
         print(f"[minirope] model written to {output_dir}/ (load it with AutoModelForCausalLM.from_pretrained)")
         print(f"[minirope] sample:\n{text}")
     return eval_metrics

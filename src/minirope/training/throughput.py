@@ -1,0 +1,87 @@
+"""Training throughput and model FLOP utilisation (MFU), measured inside the run.
+
+MFU = achieved model FLOP/s / peak FLOP/s, with both numbers from the same process on the same machine:
+the peak is the best rate of a large bf16 matrix product timed just before training, and the model FLOPs
+are counted as in PaLM (Chowdhery et al. 2022, appendix B): per trained token
+
+    6 * N  +  12 * L * H * d * T
+
+N = the weights used in matrix products (every Linear, `lm_head` included, the embedding lookup not),
+L layers, H query heads of size d, T tokens per sequence (attention counted over the full T x T square,
+the usual convention even though causal attention skips about half of it).
+"""
+
+import statistics
+import time
+
+import torch
+from transformers import TrainerCallback
+
+from minirope import MiniRopeConfig
+
+
+def training_flops_per_token(config: MiniRopeConfig, seq_len: int) -> float:
+    """Model FLOPs to train on one token of a `seq_len`-token sequence (forward + backward), PaLM counting."""
+    head_dim, heads, kv_heads = config.head_dim, config.num_attention_heads, config.num_key_value_heads
+    attention = config.hidden_size * head_dim * (2 * heads + 2 * kv_heads)  # q, o and k, v projections
+    mlp = 3 * config.hidden_size * config.intermediate_size
+    matmul_weights = config.num_hidden_layers * (attention + mlp) + config.hidden_size * config.vocab_size
+    return 6 * matmul_weights + 12 * config.num_hidden_layers * heads * head_dim * seq_len
+
+
+def matmul_peak_flops(device: torch.device | str = "cpu", size: int = 4096, repeats: int = 5) -> float:
+    """FLOP/s of the fastest of `repeats` bf16 `(size, size) @ (size, size)` products on `device`."""
+    device = torch.device(device)
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first one warms up
+        torch.accelerator.synchronize() if device.type != "cpu" else None
+        start = time.perf_counter()
+        a @ b
+        torch.accelerator.synchronize() if device.type != "cpu" else None
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+class ThroughputCallback(TrainerCallback):
+    """Times every optimizer step (forward, backward, update; not evaluation or checkpointing).
+
+    Args:
+        tokens_per_step: tokens one process trains on per optimizer step (batch x block x accumulation).
+        flops_per_token: from `training_flops_per_token`.
+        peak_flops: from `matmul_peak_flops`, measured in this process.
+        warmup_steps: first steps left out (they include torch.compile's compilation).
+    """
+
+    def __init__(self, tokens_per_step: int, flops_per_token: float, peak_flops: float, warmup_steps: int = 10):
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops
+        self.warmup_steps = warmup_steps
+        self.step_seconds: list[float] = []
+        self._started = 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.step_seconds.append(time.perf_counter() - self._started)
+
+    def metrics(self) -> dict:
+        """Median step time after warm-up, tokens/s and model FLOP/s per process, the bf16 peak and MFU.
+
+        Empty if no step ran past the warm-up.
+        """
+        timed = self.step_seconds[self.warmup_steps :]
+        if not timed:
+            return {}
+        seconds = statistics.median(timed)
+        achieved = self.flops_per_token * self.tokens_per_step / seconds
+        return {
+            "step_seconds": round(seconds, 4),
+            "tokens_per_second": round(self.tokens_per_step / seconds, 1),
+            "model_tflops": round(achieved / 1e12, 4),
+            "bf16_matmul_peak_tflops": round(self.peak_flops / 1e12, 4),
+            "mfu": round(achieved / self.peak_flops, 4),
+        }
