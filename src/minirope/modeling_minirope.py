@@ -13,6 +13,8 @@ This file is self-contained (torch, transformers and the config file only) so th
 can ship it as remote code.
 """
 
+import os
+import platform
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,6 +56,71 @@ class MiniRopeRMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+
+
+# Float32 matrix products on x86 CPUs go to oneDNN (the kernel library behind torch's bf16 products and
+# Inductor's CPU linears) rather than to the BLAS behind `torch.mm`: on this project's benchmark machine oneDNN
+# runs the narrow products of small models 1.6-2.3x faster (benchmarks/bench_speed.py). Same products, summed
+# in another order (float32 rounding differences only). MINIROPE_ONEDNN_LINEAR=0 turns it off.
+ONEDNN_LINEAR = (
+    os.environ.get("MINIROPE_ONEDNN_LINEAR", "1") != "0"
+    and platform.machine().lower() in ("x86_64", "amd64")
+    and torch.backends.mkldnn.is_available()
+)
+
+
+def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `x @ weight.T` should run on oneDNN: float32 CPU tensors, outside autocast and compiled graphs."""
+    return (
+        ONEDNN_LINEAR
+        and x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()  # Inductor chooses its own kernels
+    )
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T + bias` on oneDNN. x `(..., K)`, weight `(N, K)` (any strides), bias `(N,)` -> `(..., N)`."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+class OneDnnLinear(torch.autograd.Function):
+    """`nn.functional.linear` with the forward and both backward products on oneDNN."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return onednn_linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad_2d, x_2d = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
+        grad_x = onednn_linear(grad, weight.T) if ctx.needs_input_grad[0] else None  # grad @ W
+        grad_weight = onednn_linear(grad_2d.T, x_2d.T) if ctx.needs_input_grad[1] else None  # grad^T @ x
+        grad_bias = grad_2d.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias
+
+
+def matmul_nt(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`nn.functional.linear(x, weight, bias)`, on oneDNN where `use_onednn` says so."""
+    if not use_onednn(x, weight):
+        return nn.functional.linear(x, weight, bias)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        return OneDnnLinear.apply(x, weight, bias)
+    return onednn_linear(x, weight, bias)
+
+
+class MiniRopeLinear(nn.Linear):
+    """`nn.Linear` (same parameters, init and state-dict keys) whose float32 CPU products run on oneDNN.
+
+    A subclass, so PEFT, quantization and `isinstance(module, nn.Linear)` checks treat it as a Linear.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return matmul_nt(x, self.weight, self.bias)
 
 
 class MiniRopeRotaryEmbedding(nn.Module):
@@ -286,10 +353,10 @@ class MiniRopeAttention(nn.Module):
         self.attention_dropout = config.attention_dropout
         self.is_causal = True
         q_out, kv_out = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, q_out, bias=config.attention_bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv_out, bias=config.attention_bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv_out, bias=config.attention_bias)
-        self.o_proj = nn.Linear(q_out, config.hidden_size, bias=config.attention_bias)
+        self.q_proj = MiniRopeLinear(config.hidden_size, q_out, bias=config.attention_bias)
+        self.k_proj = MiniRopeLinear(config.hidden_size, kv_out, bias=config.attention_bias)
+        self.v_proj = MiniRopeLinear(config.hidden_size, kv_out, bias=config.attention_bias)
+        self.o_proj = MiniRopeLinear(q_out, config.hidden_size, bias=config.attention_bias)
 
     def forward(
         self,
@@ -335,9 +402,9 @@ class MiniRopeMLP(nn.Module):
 
     def __init__(self, config: MiniRopeConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.gate_proj = MiniRopeLinear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.up_proj = MiniRopeLinear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = MiniRopeLinear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -406,7 +473,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         loss = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, hidden.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
-            logits = (compute_hidden[rows] @ compute_weight.T).float()
+            logits = matmul_nt(compute_hidden[rows], compute_weight).float()
             log_normalizer = logits.logsumexp(-1, keepdim=True)
             target_logit = logits.gather(-1, targets[rows, None])
             loss += ((log_normalizer - target_logit).squeeze(-1) * scale[rows]).sum()
@@ -416,9 +483,9 @@ class LinearCrossEntropy(torch.autograd.Function):
             grad_logits.scatter_add_(-1, targets[rows, None], torch.full_like(target_logit, -1.0))
             grad_logits = (grad_logits * scale[rows, None]).to(dtype)
             if grad_hidden is not None:
-                grad_hidden[rows] = grad_logits @ compute_weight
+                grad_hidden[rows] = matmul_nt(grad_logits, compute_weight.T)
             if grad_weight is not None:
-                grad_weight += grad_logits.T @ compute_hidden[rows]
+                grad_weight += matmul_nt(grad_logits.T, compute_hidden[rows].T)
         ctx.save_for_backward(grad_hidden, grad_weight)
         return loss
 
@@ -600,7 +667,7 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = MiniRopeModel(config)
         self.vocab_size = config.vocab_size
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = MiniRopeLinear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
     @can_return_tuple
@@ -648,7 +715,7 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
         if skip_logits and labels is None:
             raise ValueError("skip_logits=True returns only the loss: pass labels, or drop skip_logits.")
         # A plain bias-free head can be fused with the loss; a wrapped one (e.g. PEFT LoRA) gets logits first.
-        if skip_logits and type(self.lm_head) is nn.Linear and self.lm_head.bias is None:
+        if skip_logits and type(self.lm_head) in (nn.Linear, MiniRopeLinear) and self.lm_head.bias is None:
             return CausalLMOutputWithPast(
                 loss=self.chunked_loss(outputs.last_hidden_state, labels, **kwargs),
                 past_key_values=outputs.past_key_values,

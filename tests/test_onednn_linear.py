@@ -1,0 +1,53 @@
+"""`MiniRopeLinear`: float32 CPU products on oneDNN, with the values and gradients of `nn.functional.linear`."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minirope.modeling_minirope import ONEDNN_LINEAR, MiniRopeLinear, matmul_nt, use_onednn
+
+needs_onednn = pytest.mark.skipif(not ONEDNN_LINEAR, reason="oneDNN linear is used on x86 CPUs with mkldnn only")
+
+
+@needs_onednn
+def test_onednn_is_used_for_float32_cpu_products_only():
+    x, weight = torch.randn(3, 8), torch.randn(5, 8)
+    assert use_onednn(x, weight)
+    assert not use_onednn(x.bfloat16(), weight.bfloat16())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not use_onednn(x, weight)  # autocast's bf16 product is already oneDNN's
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_matches_torch_in_value_and_gradients(bias):
+    torch.manual_seed(0)
+    layer = MiniRopeLinear(48, 80, bias=bias)
+    reference = torch.nn.Linear(48, 80, bias=bias)
+    reference.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 7, 48, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    grad = torch.randn(2, 7, 80)
+    out, out_ref = layer(x), reference(x_ref)
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-5)
+    out.backward(grad)
+    out_ref.backward(grad)
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-5, atol=1e-5)
+    for (name, param), ref in zip(layer.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(param.grad, ref.grad, rtol=1e-5, atol=1e-4, msg=name)
+
+
+def test_no_grad_and_non_contiguous_inputs():
+    weight, x = torch.randn(6, 10), torch.randn(10, 4).T  # a transposed (non-contiguous) input
+    with torch.no_grad():
+        torch.testing.assert_close(matmul_nt(x, weight), x @ weight.T, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(matmul_nt(x, weight.T.contiguous().T), x @ weight.T, rtol=1e-5, atol=1e-5)
+
+
+def test_environment_variable_turns_it_off():
+    code = "import minirope.modeling_minirope as m; print(m.ONEDNN_LINEAR)"
+    env = {**os.environ, "MINIROPE_ONEDNN_LINEAR": "0"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
