@@ -39,6 +39,7 @@ from minirope.training.trainer import (
     MiniRopeTrainingArguments,
     parse_cli_args,
     resolve_resume,
+    reuse_freed_memory,
     scheduler_name,
 )
 
@@ -219,6 +220,8 @@ def run(argv: list[str] | None = None) -> dict:
     """
     model_args, data_args, training_args = parse_args(argv)
     set_seed(training_args.seed)
+    if training_args.device.type == "cpu":
+        reuse_freed_memory()
     started = time.perf_counter()
     output_dir = Path(training_args.output_dir)
     resume = resolve_resume(training_args)

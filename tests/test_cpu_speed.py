@@ -1,6 +1,8 @@
-"""`MiniRopeLinear`: float32 CPU products on oneDNN, with the values and gradients of `nn.functional.linear`."""
+"""CPU speed settings: `MiniRopeLinear` (float32 products on oneDNN, the values and gradients of
+`nn.functional.linear`) and the training scripts' allocator setting."""
 
 import os
+import platform
 import subprocess
 import sys
 
@@ -8,6 +10,7 @@ import pytest
 import torch
 
 from minirope.modeling_minirope import ONEDNN_LINEAR, MiniRopeLinear, matmul_nt, use_onednn
+from minirope.training.trainer import reuse_freed_memory
 
 needs_onednn = pytest.mark.skipif(not ONEDNN_LINEAR, reason="oneDNN linear is used on x86 CPUs with mkldnn only")
 
@@ -51,3 +54,8 @@ def test_environment_variable_turns_it_off():
     env = {**os.environ, "MINIROPE_ONEDNN_LINEAR": "0"}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+def test_training_keeps_freed_memory_on_glibc():
+    assert reuse_freed_memory()  # glibc accepted both settings (it refuses e.g. a threshold above 32 MiB)
