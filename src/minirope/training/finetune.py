@@ -38,6 +38,7 @@ from minirope.training.tokenizer import token_byte_lengths
 from minirope.training.trainer import (
     MiniRopeTrainer,
     MiniRopeTrainingArguments,
+    default_attention,
     parse_cli_args,
     resolve_resume,
     reuse_freed_memory,
@@ -51,7 +52,13 @@ LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 class FinetuneModelArguments:
     model_name_or_path: str = field(metadata={"help": "A folder written by save_pretrained, or a Hub id."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow the folder's own model code."})
-    attn_implementation: str = field(default="sdpa", metadata={"help": "eager, sdpa, flash_attention_2, ..."})
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": "eager, sdpa, flash_attention_2, ... Default: eager when training on CPU (PyTorch's CPU "
+            "flash-attention kernel is slower for blocks this short), else sdpa."
+        },
+    )
     lora: bool = field(default=False, metadata={"help": "Train a LoRA adapter (peft) instead of all weights."})
     lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=16, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
@@ -131,7 +138,7 @@ def text_datasets(data_args: FinetuneDataArguments, tokenizer, training_args: Tr
     return tokenize_and_group(raw, tokenizer, data_args, training_args)
 
 
-def load_model_and_tokenizer(model_args: FinetuneModelArguments):
+def load_model_and_tokenizer(model_args: FinetuneModelArguments, training_args: TrainingArguments):
     """Raises ValueError when the tokenizer has more tokens than the model's embedding rows."""
     tokenizer = AutoTokenizer.from_pretrained(
         model_args.model_name_or_path, trust_remote_code=model_args.trust_remote_code
@@ -139,7 +146,7 @@ def load_model_and_tokenizer(model_args: FinetuneModelArguments):
     model = AutoModelForCausalLM.from_pretrained(
         model_args.model_name_or_path,
         trust_remote_code=model_args.trust_remote_code,
-        attn_implementation=model_args.attn_implementation,
+        attn_implementation=model_args.attn_implementation or default_attention(training_args),
     )
     rows = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > rows:
@@ -174,7 +181,7 @@ def run(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     output_dir = Path(training_args.output_dir)
     resume = resolve_resume(training_args)
-    model, tokenizer = load_model_and_tokenizer(model_args)
+    model, tokenizer = load_model_and_tokenizer(model_args, training_args)
     config = model.config
     check_output_dir(output_dir, config, overwrite=training_args.overwrite_output_dir or resume is not None)
     data_args.block_size = data_args.block_size or config.max_position_embeddings

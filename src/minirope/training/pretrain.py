@@ -37,6 +37,7 @@ from minirope.training.tokenizer import load_or_train_tokenizer, token_byte_leng
 from minirope.training.trainer import (
     MiniRopeTrainer,
     MiniRopeTrainingArguments,
+    default_attention,
     parse_cli_args,
     resolve_resume,
     reuse_freed_memory,
@@ -61,7 +62,13 @@ class ModelArguments:
     )
     rope_theta: float | None = field(default=None, metadata={"help": "RoPE base (10000 by default)."})
     tie_word_embeddings: bool | None = field(default=None, metadata={"help": "Share lm_head and embeddings."})
-    attn_implementation: str = field(default="sdpa", metadata={"help": "eager, sdpa, flash_attention_2, ..."})
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": "eager, sdpa, flash_attention_2, ... Default: eager when training on CPU (PyTorch's CPU "
+            "flash-attention kernel is slower for blocks this short), else sdpa."
+        },
+    )
 
     def config_kwargs(self) -> dict:
         kwargs = {
@@ -233,7 +240,9 @@ def run(argv: list[str] | None = None) -> dict:
     config = build_config(model_args, data_args, tokenizer)
     check_output_dir(output_dir, config, overwrite=training_args.overwrite_output_dir or resume is not None)
     train_dataset, eval_dataset = tokenize_and_group(raw, tokenizer, data_args, training_args)
-    model = MiniRopeForCausalLM._from_config(config, attn_implementation=model_args.attn_implementation)
+    model = MiniRopeForCausalLM._from_config(
+        config, attn_implementation=model_args.attn_implementation or default_attention(training_args)
+    )
     model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,

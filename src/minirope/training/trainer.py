@@ -110,6 +110,16 @@ def scheduler_name(training_args: TrainingArguments) -> str:
     return getattr(scheduler, "value", scheduler)
 
 
+def default_attention(training_args: TrainingArguments) -> str:
+    """The attention kernel when `--attn_implementation` is not given: `eager` on CPU, else `sdpa`.
+
+    Measured on the default pretraining step (16 x 256 tokens, bf16, compiled, 2-core CPU): 0.32 s with eager
+    attention (matrix products plus a softmax Inductor fuses) against 0.43 s with PyTorch's CPU flash-attention
+    kernel behind `sdpa`. Same function: `tests/test_model_conformance.py` checks eager = sdpa.
+    """
+    return "eager" if training_args.device.type == "cpu" else "sdpa"
+
+
 def reuse_freed_memory() -> bool:
     """Keep memory freed by one training step for the next (glibc on Linux; CPU training).
 
