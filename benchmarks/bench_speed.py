@@ -1,6 +1,6 @@
 """Speed and memory: minirope vs transformers' LlamaForCausalLM with the same config and weights.
 
-    python benchmarks/bench_speed.py                       # everything (~25 min on 2 cores)
+    python benchmarks/bench_speed.py                       # everything (~10 min on 2 cores)
     python benchmarks/bench_speed.py --sizes 1M 12M --reps 3 --skip_scaling
 
 Speed: both models run in one process; each case alternates minirope and Llama repetitions (after a
@@ -17,11 +17,17 @@ a RoPE microbenchmark (cos/sin cache gather vs recomputing cos/sin from position
 Scaling curves (PNG): training step time vs sequence length at a fixed 4096 tokens per step, and greedy
 decode time per token vs context length.
 
+Like the training scripts, the benchmark keeps freed memory for reuse (`reuse_freed_memory`, glibc) for
+both models: with glibc's default, each process's allocation history decides which steps page-fault their
+buffers back in, and bf16 ratios moved between 0.97 and 1.29 from one process to the next.
+`--default_allocator` measures without it.
+
 Writes benchmarks/results/speed.json and benchmarks/results/scaling.png and prints a markdown table.
 """
 
 import argparse
 import gc
+import itertools
 import json
 import platform
 import statistics
@@ -35,11 +41,12 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import LlamaConfig
+from transformers import LlamaConfig, StoppingCriteria, StoppingCriteriaList
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM, MiniRopeRotaryEmbedding
 from minirope.convert import to_llama
+from minirope.training.trainer import reuse_freed_memory
 
 RESULTS = Path(__file__).parent / "results"
 SIZES = {
@@ -170,7 +177,10 @@ def peak_memory_child(name: str, which: str) -> None:
 def peak_memory(name: str, which: str) -> float:
     """Peak resident-set rise in MiB of `which` model running case `name`, measured in a fresh process."""
     result = subprocess.run(
-        [sys.executable, __file__, "--_peak_memory", name, which], capture_output=True, text=True, check=True
+        [sys.executable, __file__, "--_peak_memory", name, which, *sys.argv[1:]],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(result.stdout.strip().splitlines()[-1])["peak_rise_bytes"] / 2**20
 
@@ -235,6 +245,24 @@ def timed(run: Callable[[], object], reps: int) -> float:
     return statistics.median(samples)
 
 
+class StepClock(StoppingCriteria):
+    """A stopping criterion that never stops and notes the time of each decoding step of `generate()`."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.BoolTensor:
+        self.times.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+def decode_ms_per_token(model, prompt: torch.Tensor, new_tokens: int = 17) -> float:
+    """Median time between consecutive tokens of one greedy `generate()` (the prefill step left out), in ms."""
+    clock = StepClock()
+    generate(model, prompt, new_tokens, stopping_criteria=StoppingCriteriaList([clock]))
+    return statistics.median(later - earlier for earlier, later in itertools.pairwise(clock.times)) * 1e3
+
+
 def scaling_curves(reps: int) -> dict:
     """12M model, fp32. Training step seconds vs sequence length T at 4096 tokens per step (so the linear
     layers cost the same at every T and only attention grows, linearly in T per token), and greedy decode
@@ -244,16 +272,14 @@ def scaling_curves(reps: int) -> dict:
     train = {"seq_len": [128, 256, 512, 1024, 2048]} | {label: [] for label in models}
     for length in train["seq_len"]:
         for label, model in models.items():
-            train[label].append(timed(train_case(model, 4096 // length, length, torch.float32), reps))
+            train[label].append(timed(train_case(model, 4096 // length, length), reps))
         print(f"train step T={length:<5} " + "  ".join(f"{k} {train[k][-1]:.3f} s" for k in models), flush=True)
     decode = {"context": [128, 512, 1024, 2048, 4000]} | {label: [] for label in models}
     for context in decode["context"]:
         prompt = torch.randint(3, ours.config.vocab_size, (1, context))
         for label, model in models.items():
             model.eval()
-            prefill = timed(lambda m=model, p=prompt: generate(m, p, 1), reps)
-            full = timed(lambda m=model, p=prompt: generate(m, p, 17), reps)
-            decode[label].append((full - prefill) / 16 * 1e3)
+            decode[label].append(statistics.median(decode_ms_per_token(model, prompt) for _ in range(reps)))
         print(f"decode C={context:<5} " + "  ".join(f"{k} {decode[k][-1]:.2f} ms/token" for k in models), flush=True)
     plot_scaling(train, decode, RESULTS / "scaling.png")
     return {"train_step_seconds": train, "decode_ms_per_token": decode}
@@ -288,9 +314,15 @@ def main() -> None:
     parser.add_argument("--skip_compile", action="store_true", help="skip the static cache + compile case")
     parser.add_argument("--skip_memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--skip_scaling", action="store_true", help="skip the scaling curves")
+    parser.add_argument(
+        "--default_allocator",
+        action="store_true",
+        help="leave glibc's default of returning freed memory to the OS (the training scripts keep it)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "speed.json")
     parser.add_argument("--_peak_memory", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    allocator = "glibc default" if args.default_allocator else f"freed memory kept: {reuse_freed_memory()}"
     if args._peak_memory:
         return peak_memory_child(*args._peak_memory)
     names = [name for name in CASES if case_size(name) in args.sizes]
@@ -301,6 +333,7 @@ def main() -> None:
     report = {
         "date": date.today().isoformat(),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
+        "allocator": allocator,
         "versions": {
             "python": platform.python_version(),
             "torch": torch.__version__,

@@ -70,14 +70,24 @@ ONEDNN_LINEAR = (
 
 
 def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `x @ weight.T` should run on oneDNN: float32 CPU tensors, outside autocast and compiled graphs."""
+    """Whether `x @ weight.T` should run on oneDNN: float32 CPU tensors, outside autocast.
+
+    In a compiled graph only for inference with Inductor's `freezing` (weights become constants, which its
+    oneDNN lowering needs); otherwise Inductor chooses its own kernels.
+    """
     return (
         ONEDNN_LINEAR
         and x.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()  # Inductor chooses its own kernels
+        and (not torch.compiler.is_compiling() or (not torch.is_grad_enabled() and inductor_freezes_weights()))
     )
+
+
+def inductor_freezes_weights() -> bool:
+    import torch._inductor.config
+
+    return torch._inductor.config.freezing
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
