@@ -483,15 +483,14 @@ class LinearCrossEntropy(torch.autograd.Function):
         loss = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, hidden.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
-            logits = matmul_nt(compute_hidden[rows], compute_weight).float()
-            log_normalizer = logits.logsumexp(-1, keepdim=True)
-            target_logit = logits.gather(-1, targets[rows, None])
-            loss += ((log_normalizer - target_logit).squeeze(-1) * scale[rows]).sum()
+            log_probs = matmul_nt(compute_hidden[rows], compute_weight).float().log_softmax(-1)
+            target_log_prob = log_probs.gather(-1, targets[rows, None])
+            loss -= (target_log_prob.squeeze(-1) * scale[rows]).sum()
             if grad_hidden is None and grad_weight is None:
                 continue
-            grad_logits = logits.sub_(log_normalizer).exp_()  # softmax
-            grad_logits.scatter_add_(-1, targets[rows, None], torch.full_like(target_logit, -1.0))
-            grad_logits = (grad_logits * scale[rows, None]).to(dtype)
+            grad_logits = log_probs.exp_()  # softmax
+            grad_logits.scatter_add_(-1, targets[rows, None], torch.full_like(target_log_prob, -1.0))
+            grad_logits = grad_logits.mul_(scale[rows, None]).to(dtype)
             if grad_hidden is not None:
                 grad_hidden[rows] = matmul_nt(grad_logits, compute_weight.T)
             if grad_weight is not None:
