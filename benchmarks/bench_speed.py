@@ -295,11 +295,10 @@ def plot_scaling(train: dict, decode: dict, path: Path) -> None:
     for label, style in (("minirope", "o-"), ("llama", "s--")):
         left.plot(train["seq_len"], train[label], style, label=label)
         right.plot(decode["context"], decode[label], style, label=label)
-    left.set(xscale="log", xlabel="sequence length T (tokens; 4096 tokens per step)", ylabel="seconds per step",
+    left.set(xlabel="sequence length T (tokens; 4096 tokens per step)", ylabel="seconds per step",
              title="Training step (12M, fp32, fwd+bwd+AdamW)")  # fmt: skip
     right.set(xlabel="context length (tokens)", ylabel="ms per generated token",
               title="Greedy decode, dynamic cache (12M, fp32, batch 1)")  # fmt: skip
-    left.set_xticks(train["seq_len"], [str(n) for n in train["seq_len"]])
     for axis in (left, right):
         axis.grid(alpha=0.3)
         axis.legend()
