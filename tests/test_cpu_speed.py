@@ -42,6 +42,18 @@ def test_linear_matches_torch_in_value_and_gradients(bias):
         torch.testing.assert_close(param.grad, ref.grad, rtol=1e-5, atol=1e-4, msg=name)
 
 
+def test_gradient_of_a_gradient_matches_torch():
+    torch.manual_seed(1)
+    layer = MiniRopeLinear(12, 6)
+    x = torch.randn(5, 12, requires_grad=True)
+    results = []
+    for forward in (layer, lambda t: torch.nn.functional.linear(t, layer.weight, layer.bias)):
+        (grad_x,) = torch.autograd.grad(forward(x).pow(2).sum(), x, create_graph=True)
+        results.append(torch.autograd.grad(grad_x.pow(2).sum(), (x, layer.weight)))
+    for ours, reference in zip(*results, strict=True):
+        torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
+
+
 def test_no_grad_and_non_contiguous_inputs():
     weight, x = torch.randn(6, 10), torch.randn(10, 4).T  # a transposed (non-contiguous) input
     with torch.no_grad():

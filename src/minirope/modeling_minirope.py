@@ -96,7 +96,11 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 class OneDnnLinear(torch.autograd.Function):
-    """`nn.functional.linear` with the forward and both backward products on oneDNN."""
+    """`nn.functional.linear` with the forward and both backward products on oneDNN.
+
+    Under `create_graph=True` (a gradient of a gradient) the backward products use `nn.functional.linear`,
+    which autograd can differentiate again; the oneDNN op has no derivative of its own.
+    """
 
     @staticmethod
     def forward(ctx, x, weight, bias):
@@ -107,9 +111,10 @@ class OneDnnLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
+        product = nn.functional.linear if torch.is_grad_enabled() else onednn_linear
         grad_2d, x_2d = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
-        grad_x = onednn_linear(grad, weight.T) if ctx.needs_input_grad[0] else None  # grad @ W
-        grad_weight = onednn_linear(grad_2d.T, x_2d.T) if ctx.needs_input_grad[1] else None  # grad^T @ x
+        grad_x = product(grad, weight.T) if ctx.needs_input_grad[0] else None  # grad @ W
+        grad_weight = product(grad_2d.T, x_2d.T) if ctx.needs_input_grad[1] else None  # grad^T @ x
         grad_bias = grad_2d.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias
 

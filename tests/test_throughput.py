@@ -1,0 +1,32 @@
+"""The MFU the pretraining run reports: PaLM's FLOP count, the step timing and the measured peak."""
+
+import math
+
+import torch
+from conftest import tiny_config
+
+from minirope import MiniRopeForCausalLM
+from minirope.training.throughput import ThroughputCallback, matmul_peak_flops, training_flops_per_token
+
+
+def test_flops_per_token_counts_every_matrix_product_and_attention():
+    config = tiny_config("gqa")  # grouped-query: k/v projections are narrower than q
+    model = MiniRopeForCausalLM(config)
+    linear_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    attention = 12 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * 32
+    assert training_flops_per_token(config, seq_len=32) == 6 * linear_weights + attention
+
+
+def test_metrics_use_the_median_step_after_warm_up():
+    callback = ThroughputCallback(tokens_per_step=1000, flops_per_token=2e6, peak_flops=1e10, warmup_steps=2)
+    assert callback.metrics() == {}
+    callback.step_seconds = [30.0, 20.0, 0.5, 0.4, 9.0]  # compilation first, one slow step later
+    metrics = callback.metrics()
+    assert metrics["step_seconds"] == 0.5
+    assert metrics["tokens_per_second"] == 2000.0
+    assert math.isclose(metrics["mfu"], 2e6 * 1000 / 0.5 / 1e10)
+
+
+def test_matmul_peak_is_a_plausible_rate():
+    flops = matmul_peak_flops(size=256, repeats=2)
+    assert 1e8 < flops < 1e15  # between 0.1 GFLOP/s and 1 PFLOP/s
