@@ -105,14 +105,14 @@ class PretrainingArguments(MiniRopeTrainingArguments):
     weight_decay: float = 0.1
     adam_beta2: float = 0.95
     max_grad_norm: float = 1.0
-    max_steps: int = 700
+    max_steps: int = 900
     warmup_steps: float = 50
     torch_compile: bool = True
     eval_strategy: str = "steps"
-    eval_steps: float = 350
+    eval_steps: float = 450
     logging_steps: float = 25
     save_strategy: str = "steps"
-    save_steps: float = 350
+    save_steps: float = 450
     save_total_limit: int | None = 1
 
 
