@@ -32,7 +32,7 @@ from minirope.training.cli import run_cli
 from minirope.training.data import BUNDLED_CORPUS, TextDataArguments, group_texts, load_text_datasets
 from minirope.training.metrics import LanguageModelingMetrics, per_token_loss
 from minirope.training.output import check_output_dir, finish_run, model_card
-from minirope.training.throughput import ThroughputCallback, matmul_peak_flops, training_flops_per_token
+from minirope.training.throughput import ThroughputCallback, training_flops_per_token
 from minirope.training.tokenizer import load_or_train_tokenizer, token_byte_lengths
 from minirope.training.trainer import (
     MiniRopeTrainer,
@@ -260,11 +260,7 @@ def run(argv: list[str] | None = None) -> dict:
     process_tokens_per_step = data_args.block_size * (
         training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps
     )
-    throughput = ThroughputCallback(
-        process_tokens_per_step,
-        training_flops_per_token(config, data_args.block_size),
-        matmul_peak_flops(training_args.device),
-    )
+    throughput = ThroughputCallback(process_tokens_per_step, training_flops_per_token(config, data_args.block_size))
     trainer = MiniRopeTrainer(
         model=model,
         callbacks=[throughput],
@@ -322,7 +318,7 @@ def run(argv: list[str] | None = None) -> dict:
                 f"[minirope] training speed (per process, median step after warm-up): {speed['step_seconds']:.3f} "
                 f"s/step, {speed['tokens_per_second']:,.0f} tokens/s, {speed['model_tflops'] * 1e3:.0f} model "
                 f"GFLOP/s = MFU {speed['mfu']:.1%} of the {speed['bf16_matmul_peak_tflops'] * 1e3:.0f} GFLOP/s "
-                f"bf16 matmul peak measured in this run"
+                f"bf16 matmul peak measured in this run (best of before and after training)"
             )
         print(f"[minirope] model written to {output_dir}/ (load it with AutoModelForCausalLM.from_pretrained)")
         print(f"[minirope] sample:\n{text}")

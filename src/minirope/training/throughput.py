@@ -1,7 +1,7 @@
 """Training throughput and model FLOP utilisation (MFU), measured inside the run.
 
 MFU = achieved model FLOP/s / peak FLOP/s, with both numbers from the same process on the same machine:
-the peak is the best rate of a large bf16 matrix product timed just before training, and the model FLOPs
+the peak is the best rate of a large bf16 matrix product timed just before and just after training, and the model FLOPs
 are counted as in PaLM (Chowdhery et al. 2022, appendix B): per trained token
 
     6 * N  +  12 * L * H * d * T
@@ -45,22 +45,29 @@ def matmul_peak_flops(device: torch.device | str = "cpu", size: int = 4096, repe
 
 
 class ThroughputCallback(TrainerCallback):
-    """Times every optimizer step (forward, backward, update; not evaluation or checkpointing).
+    """Times every optimizer step (forward, backward, update; not evaluation or checkpointing), and measures
+    the bf16 matmul peak on the training device before and after training (the better of the two counts: a
+    busy moment on a shared host only lowers a measurement).
 
     Args:
         tokens_per_step: tokens one process trains on per optimizer step (batch x block x accumulation).
         flops_per_token: from `training_flops_per_token`.
-        peak_flops: from `matmul_peak_flops`, measured in this process.
         warmup_steps: first steps left out (they include torch.compile's compilation).
     """
 
-    def __init__(self, tokens_per_step: int, flops_per_token: float, peak_flops: float, warmup_steps: int = 10):
+    def __init__(self, tokens_per_step: int, flops_per_token: float, warmup_steps: int = 10):
         self.tokens_per_step = tokens_per_step
         self.flops_per_token = flops_per_token
-        self.peak_flops = peak_flops
         self.warmup_steps = warmup_steps
+        self.peak_flops = 0.0
         self.step_seconds: list[float] = []
         self._started = 0.0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.peak_flops = max(self.peak_flops, matmul_peak_flops(args.device))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.peak_flops = max(self.peak_flops, matmul_peak_flops(args.device))
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._started = time.perf_counter()
@@ -74,7 +81,7 @@ class ThroughputCallback(TrainerCallback):
         Empty if no step ran past the warm-up.
         """
         timed = self.step_seconds[self.warmup_steps :]
-        if not timed:
+        if not timed or not self.peak_flops:
             return {}
         seconds = statistics.median(timed)
         achieved = self.flops_per_token * self.tokens_per_step / seconds
