@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 from transformers import HfArgumentParser, Trainer, TrainingArguments
+from transformers.trainer_utils import unwrap_peft_model
 
 
 @dataclass
@@ -46,6 +47,12 @@ class MiniRopeTrainer(Trainer):
     optimizer step, so the weights, and every checkpoint already written, hold only finite values.
     """
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Decided once, as Trainer decides `model_accepts_loss_kwargs` (a LoRA model reports its base model's).
+        model = unwrap_peft_model(self.accelerator.unwrap_model(self.model))
+        self.model_accepts_skip_logits = "skip_logits" in inspect.signature(model.forward).parameters
+
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         loss = super().training_step(model, inputs, num_items_in_batch)
         if not torch.isfinite(loss).all():
@@ -63,14 +70,9 @@ class MiniRopeTrainer(Trainer):
         minirope then computes the loss chunk by chunk without the full float32 logits (same loss and
         gradients, less memory and time: see `LinearCrossEntropy`). Evaluation still gets logits.
         """
-        if model.training and not return_outputs and "labels" in inputs and self._accepts_skip_logits(model):
+        if model.training and not return_outputs and "labels" in inputs and self.model_accepts_skip_logits:
             inputs = {**inputs, "skip_logits": True}
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-
-    def _accepts_skip_logits(self, model) -> bool:
-        model = self.accelerator.unwrap_model(model, keep_torch_compile=False)
-        model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT
-        return "skip_logits" in inspect.signature(model.forward).parameters
 
     def create_model_card(self, *args, **kwargs) -> None:
         """minirope writes its own card (`minirope.training.output.model_card`) before any push."""
