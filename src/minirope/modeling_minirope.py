@@ -717,6 +717,8 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
         Raises:
             ValueError: `skip_logits=True` without `labels`.
         """
+        if skip_logits and labels is None:
+            raise ValueError("skip_logits=True returns only the loss: pass labels, or drop skip_logits.")
         outputs: BaseModelOutputWithPast = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -726,8 +728,6 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             **kwargs,
         )
-        if skip_logits and labels is None:
-            raise ValueError("skip_logits=True returns only the loss: pass labels, or drop skip_logits.")
         # A plain bias-free head can be fused with the loss; a wrapped one (e.g. PEFT LoRA) gets logits first.
         if skip_logits and type(self.lm_head) in (nn.Linear, MiniRopeLinear) and self.lm_head.bias is None:
             return CausalLMOutputWithPast(
