@@ -1,8 +1,8 @@
 """Training throughput and model FLOP utilisation (MFU), measured inside the run.
 
 MFU = achieved model FLOP/s / peak FLOP/s, with both numbers from the same process on the same machine:
-the peak is the best rate of a large bf16 matrix product timed just before and just after training, and the model FLOPs
-are counted as in PaLM (Chowdhery et al. 2022, appendix B): per trained token
+the peak is the best rate of a large bf16 matrix product timed just before and just after training, and
+the model FLOPs are counted as in PaLM (Chowdhery et al. 2022, appendix B): per trained token
 
     6 * N  +  12 * L * H * d * T
 
@@ -34,12 +34,13 @@ def matmul_peak_flops(device: torch.device | str = "cpu", size: int = 4096, repe
     device = torch.device(device)
     a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    synchronize = torch.accelerator.synchronize if device.type != "cpu" else lambda: None  # CPU products are done
     best = float("inf")
     for _ in range(repeats + 1):  # the first one warms up
-        torch.accelerator.synchronize() if device.type != "cpu" else None
+        synchronize()
         start = time.perf_counter()
         a @ b
-        torch.accelerator.synchronize() if device.type != "cpu" else None
+        synchronize()
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best
 
