@@ -27,4 +27,4 @@ test-slow: install
 	$(BIN)/python -m pytest -m slow
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks evals

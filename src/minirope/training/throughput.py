@@ -1,7 +1,8 @@
 """Training throughput and model FLOP utilisation (MFU), measured inside the run.
 
 MFU = achieved model FLOP/s / peak FLOP/s, with both numbers from the same process on the same machine:
-the peak is the best rate of a large bf16 matrix product timed just before and just after training, and
+the peak is the best rate of a large matrix product in the training's precision (bf16 under `--bf16`, else
+float32) timed just before and just after training, and
 the model FLOPs are counted as in PaLM (Chowdhery et al. 2022, appendix B): per trained token
 
     6 * N  +  12 * L * H * d * T
@@ -29,11 +30,13 @@ def training_flops_per_token(config: MiniRopeConfig, seq_len: int) -> float:
     return 6 * matmul_weights + 12 * config.num_hidden_layers * heads * head_dim * seq_len
 
 
-def matmul_peak_flops(device: torch.device | str = "cpu", size: int = 4096, repeats: int = 5) -> float:
-    """FLOP/s of the fastest of `repeats` bf16 `(size, size) @ (size, size)` products on `device`."""
+def matmul_peak_flops(
+    device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, size: int = 2048, repeats: int = 5
+) -> float:
+    """FLOP/s of the fastest of `repeats` `(size, size) @ (size, size)` products of `dtype` on `device`."""
     device = torch.device(device)
-    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
     synchronize = torch.accelerator.synchronize if device.type != "cpu" else lambda: None  # CPU products are done
     best = float("inf")
     for _ in range(repeats + 1):  # the first one warms up
@@ -47,8 +50,8 @@ def matmul_peak_flops(device: torch.device | str = "cpu", size: int = 4096, repe
 
 class ThroughputCallback(TrainerCallback):
     """Times every optimizer step (forward, backward, update; not evaluation or checkpointing), and measures
-    the bf16 matmul peak on the training device before and after training (the better of the two counts: a
-    busy moment on a shared host only lowers a measurement).
+    the matmul peak on the training device, in the training's precision, before and after training (the
+    better of the two counts: a busy moment on a shared host only lowers a measurement).
 
     Args:
         tokens_per_step: tokens one process trains on per optimizer step (batch x block x accumulation).
@@ -61,14 +64,19 @@ class ThroughputCallback(TrainerCallback):
         self.flops_per_token = flops_per_token
         self.warmup_steps = warmup_steps
         self.peak_flops = 0.0
+        self.peak_dtype = torch.bfloat16
         self.step_seconds: list[float] = []
         self._started = 0.0
 
+    def measure_peak(self, args) -> None:
+        self.peak_dtype = torch.bfloat16 if args.bf16 else torch.float32
+        self.peak_flops = max(self.peak_flops, matmul_peak_flops(args.device, self.peak_dtype))
+
     def on_train_begin(self, args, state, control, **kwargs):
-        self.peak_flops = max(self.peak_flops, matmul_peak_flops(args.device))
+        self.measure_peak(args)
 
     def on_train_end(self, args, state, control, **kwargs):
-        self.peak_flops = max(self.peak_flops, matmul_peak_flops(args.device))
+        self.measure_peak(args)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._started = time.perf_counter()
@@ -77,7 +85,7 @@ class ThroughputCallback(TrainerCallback):
         self.step_seconds.append(time.perf_counter() - self._started)
 
     def metrics(self) -> dict:
-        """Median step time after warm-up, tokens/s and model FLOP/s per process, the bf16 peak and MFU.
+        """Median step time after warm-up, tokens/s and model FLOP/s per process, the matmul peak and MFU.
 
         Empty if no step ran past the warm-up.
         """
@@ -90,6 +98,7 @@ class ThroughputCallback(TrainerCallback):
             "step_seconds": round(seconds, 4),
             "tokens_per_second": round(self.tokens_per_step / seconds, 1),
             "model_tflops": round(achieved / 1e12, 4),
-            "bf16_matmul_peak_tflops": round(self.peak_flops / 1e12, 4),
+            "matmul_peak_tflops": round(self.peak_flops / 1e12, 4),
+            "matmul_peak_dtype": str(self.peak_dtype).removeprefix("torch."),
             "mfu": round(achieved / self.peak_flops, 4),
         }

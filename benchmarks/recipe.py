@@ -1,0 +1,103 @@
+"""Recipe study: each lever of the default pretraining recipe, measured as validation bits per byte.
+
+Every run is a real `minirope-pretrain` process (the same command `make demo` runs), on whole-document
+tokenization, scored on the four validation plays exactly as the run reports it (`eval_bits_per_byte`).
+A run is `NAME:FLAGS`, the flags added to the default recipe (`--max_steps` sets its length); the wall
+time it took (training alone, and the whole process) is recorded next to its score, so levers are
+compared at equal wall time on the machine that ran them.
+
+    python benchmarks/recipe.py "bs8:--per_device_train_batch_size 8 --max_steps 390"   # minutes each
+    python benchmarks/recipe.py --plot                      # redraw the plot from the results file
+
+Results accumulate in benchmarks/results/recipe.json (one entry per run name; a rerun replaces it); the
+plot of bits per byte against training time is docs/recipe_wall_time.png. Run one at a time: two
+trainings on 2 cores slow each other down far more than 2x (OpenMP threads contend).
+"""
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results" / "recipe.json"
+PLOT = Path(__file__).parent.parent / "docs" / "recipe_wall_time.png"
+
+
+def run(name: str, flags: list[str], keep: Path | None) -> dict:
+    """One `minirope-pretrain` process with `flags`; its run summary plus the process's wall time."""
+    output_dir = keep / name if keep else Path(tempfile.mkdtemp(prefix=f"recipe-{name}-"))
+    command = [sys.executable, "-m", "minirope.training.pretrain", "--output_dir", str(output_dir), *flags]
+    command += ["--overwrite_output_dir", "True", "--eval_strategy", "no", "--save_strategy", "no"]
+    started = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    summary = json.loads((output_dir / "run_summary.json").read_text())
+    train = json.loads((output_dir / "train_results.json").read_text())
+    return {
+        "flags": flags,
+        "bits_per_byte": summary["validation_bits_per_byte"],
+        "steps": summary["steps"],
+        "train_tokens": summary["train_tokens"],
+        "num_parameters": summary["num_parameters"],
+        "train_seconds": round(train["train_runtime"], 1),
+        "process_seconds": round(time.perf_counter() - started, 1),
+        "step_seconds": summary.get("step_seconds"),
+    }
+
+
+def training_minutes(result: dict) -> float:
+    """Steps x the run's median step time: the training time without pauses caused by other work on the host."""
+    return result["steps"] * result["step_seconds"] / 60
+
+
+def plot(results: dict) -> None:
+    """Bits per byte against training time, one point per run, labelled with its name."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+    for name, result in sorted(results.items()):
+        x, y = training_minutes(result), result["bits_per_byte"]
+        ax.plot(x, y, "o", color="tab:red" if name.startswith("old") else "tab:blue")
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 3), fontsize=8)
+    ax.set_xlabel("training time (minutes: steps x median step time, 2-core CPU, float32)")
+    ax.set_ylabel("validation bits per byte (whole plays)")
+    ax.set_title("minirope-pretrain levers: quality against training time")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(PLOT)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="*", help="runs as 'NAME:--flag value --flag value'")
+    parser.add_argument("--keep", type=Path, help="keep each run's folder under this directory")
+    parser.add_argument("--plot", action="store_true", help="only redraw the plot")
+    args = parser.parse_args()
+    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    for spec in args.runs:
+        name, _, flags = spec.partition(":")
+        result = run(name, flags.split(), args.keep)
+        result.update(machine=platform.processor() or platform.machine(), torch=torch.__version__)
+        results[name] = result
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+        print(
+            f"{name:24s} {result['bits_per_byte']:.4f} bits/byte  {result['steps']} steps  "
+            f"{result['train_seconds']:.0f} s training  {result['process_seconds']:.0f} s in all",
+            flush=True,
+        )
+    for name, result in sorted(results.items(), key=lambda item: item[1]["bits_per_byte"]):
+        print(f"{name:24s} {result['bits_per_byte']:.4f} bits/byte in {training_minutes(result):.1f} min of training")
+    plot(results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Documents, not rows: every play is trained on and scored as `tokenizer(play)` tokenizes the whole text."""
+
+import json
+
+import pytest
+from conftest import TINY_RUN
+from test_bad_input import assert_no_model, cli_error
+from transformers import TrainingArguments
+
+from minirope.training import pretrain
+from minirope.training.data import (
+    TextDataArguments,
+    load_text_datasets,
+    play_dataset,
+    shakespeare_dataset,
+    tokenize_and_block,
+)
+from minirope.training.metrics import IGNORE_INDEX
+from minirope.training.tokenizer import train_tokenizer
+
+BLOCK = 256
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The real bundled corpus, a tokenizer trained on its training plays, and its blocks."""
+    raw = shakespeare_dataset()
+    tokenizer = train_tokenizer(raw["train"]["text"], vocab_size=4096)
+    args = TrainingArguments(str(tmp_path_factory.mktemp("args")))
+    train, validation = tokenize_and_block(raw, tokenizer, TextDataArguments(block_size=BLOCK), args)
+    return raw, tokenizer, train, validation
+
+
+def test_corpus_is_one_document_per_play():
+    raw = shakespeare_dataset()
+    assert raw["train"].num_rows == 34 and raw["validation"].num_rows == 4
+    assert raw["validation"]["source"] == ["a-midsummer-night-s-dream", "julius-caesar", "richard-ii", "the-tempest"]
+    assert all(text.startswith(text.split(":")[0] + ":\n") for text in raw["validation"]["text"])
+
+
+def test_training_blocks_are_the_whole_plays_tokenized_as_users_tokenize_them(corpus):
+    raw, tokenizer, train, _ = corpus
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    expected = [token for play in raw["train"]["text"] for token in (bos, *tokenizer(play)["input_ids"], eos)]
+    stream = [token for block in train["input_ids"] for token in block]
+    assert all(len(block) == BLOCK for block in train["input_ids"]) and train["labels"] == train["input_ids"]
+    assert len(expected) - BLOCK < len(stream) <= len(expected)  # only the last partial block is dropped
+    assert stream == expected[: len(stream)]
+
+
+def test_validation_windows_score_every_token_of_each_play_once(corpus):
+    raw, tokenizer, _, validation = corpus
+    plays: list[list[int]] = []
+    scored = 0
+    for ids, labels in zip(validation["input_ids"], validation["labels"], strict=True):
+        real = [token for token, label in zip(ids, labels, strict=True) if label != IGNORE_INDEX]
+        if real[0] == tokenizer.bos_token_id:  # a play's first window: <s> then its first tokens
+            plays.append(real[1:])
+        else:  # later windows start with the previous window's last token, as context only
+            assert real[0] == plays[-1][-1]
+            plays[-1].extend(real[1:])
+        scored += len(real) - 1
+    assert [len(play) for play in plays] == [len(tokenizer(text)["input_ids"]) for text in raw["validation"]["text"]]
+    assert plays == [tokenizer(text)["input_ids"] for text in raw["validation"]["text"]]
+    assert scored == sum(len(play) for play in plays)
+
+
+def test_speech_by_speech_tokenization_differs_from_whole_text(corpus):
+    """Why documents: a BPE trained on speeches (the old pipeline) merges the blank line that ends a speech
+    tokenized alone into one token, which whole text, as every client sends it, never produces."""
+    raw, _, _, _ = corpus
+    speeches = [speech + "\n\n" for play in raw["train"]["text"] for speech in play.split("\n\n") if speech]
+    tokenizer = train_tokenizer(speeches, vocab_size=4096)
+    play = raw["validation"]["text"][0]
+    play_speeches = [speech + "\n\n" for speech in play.split("\n\n") if speech]
+    by_speech = [token for speech in play_speeches for token in tokenizer(speech)["input_ids"]]
+    whole = tokenizer(play)["input_ids"]
+    blank_line = tokenizer.convert_tokens_to_ids("ĊĊ")
+    assert tokenizer.decode(by_speech) == tokenizer.decode(whole) == play
+    assert by_speech.count(blank_line) == len(play_speeches) > 100  # after every speech
+    assert whole.count(blank_line) == 1  # whole text: only at the very end
+
+
+def test_a_play_for_fine_tuning_is_two_documents_cut_between_speeches():
+    raw = play_dataset("the-tempest")
+    train, validation = raw["train"]["text"], raw["validation"]["text"]
+    assert len(train) == len(validation) == 1
+    whole = shakespeare_dataset()["validation"]["text"][3]
+    assert train[0] + validation[0] == whole and train[0].endswith("\n\n")
+
+
+def test_each_text_file_is_one_document(tmp_path):
+    paths = []
+    for index in range(3):
+        paths.append(str(tmp_path / f"part{index}.txt"))
+        (tmp_path / f"part{index}.txt").write_text(f"ROMEO:\nPart {index}.\n\nJULIET:\nYes.\n")
+    raw = load_text_datasets(TextDataArguments(train_file=paths[:2], validation_file=paths[2:]))
+    assert raw["train"]["text"] == ["ROMEO:\nPart 0.\n\nJULIET:\nYes.\n", "ROMEO:\nPart 1.\n\nJULIET:\nYes.\n"]
+    assert raw["train"]["source"] == paths[:2]
+
+
+def local_dataset(tmp_path, rows: list) -> str:
+    """A dataset folder that `datasets.load_dataset(folder)` reads: train.jsonl and validation.jsonl."""
+    folder = tmp_path / "dataset"
+    folder.mkdir()
+    good = [{"text": "ROMEO:\nBut soft, what light.\n\n" * 20}] * 4
+    (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in [*good, *rows]))
+    (folder / "validation.jsonl").write_text("".join(json.dumps(row) + "\n" for row in good))
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"text": ""}, "row 4 tokenizes to no tokens (it is empty): remove it or give it text"),
+        ({"text": None}, "row 4 is not text but NoneType: fix or drop that row"),
+    ],
+)
+def test_a_bad_dataset_row_is_named(tmp_path, monkeypatch, capsys, row, message):
+    out = tmp_path / "out"
+    argv = [*TINY_RUN, "--output_dir", str(out), "--dataset_name", local_dataset(tmp_path, [row])]
+    err = cli_error(pretrain.main, argv, monkeypatch, capsys)
+    assert err.startswith("minirope-pretrain: error: document ") and message in err
+    assert_no_model(out)
+
+
+def test_a_missing_file_in_a_list_is_named(tmp_path, monkeypatch, capsys):
+    (tmp_path / "a.txt").write_text("ROMEO:\nHi.\n\n" * 50)
+    a, b = str(tmp_path / "a.txt"), str(tmp_path / "b.txt")
+    files = ["--train_file", a, b, "--validation_file", a]
+    out = tmp_path / "out"
+    err = cli_error(pretrain.main, [*TINY_RUN, "--output_dir", str(out), *files], monkeypatch, capsys)
+    assert f"data file {tmp_path / 'b.txt'} does not exist" in err
+    assert_no_model(out)
