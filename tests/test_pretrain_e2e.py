@@ -41,6 +41,7 @@ def test_writes_a_complete_hugging_face_folder(tiny_run):
     config = json.loads((output_dir / "config.json").read_text())
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_minirope.MiniRopeForCausalLM"
     assert config["vocab_size"] == 320 and config["max_position_embeddings"] == 32
+    assert config["use_cache"] is True  # the Trainer trains with use_cache=False; the published model decodes with one
     summary = json.loads((output_dir / "run_summary.json").read_text())
     assert summary["steps"] == 6
     # bits per byte = nats / ln 2 / bytes; with ~2 bytes per token at this tiny vocabulary it is below nats/token
@@ -61,6 +62,25 @@ def test_auto_classes_load_it_and_it_generates(tiny_run):
     assert output.shape == (1, inputs["input_ids"].shape[1] + 5)
     text = pipeline("text-generation", model=str(output_dir))("KING:", max_new_tokens=4)[0]["generated_text"]
     assert text.startswith("KING:") and len(text) > len("KING:")
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import minirope; from transformers import AutoTokenizer; AutoTokenizer.from_pretrained(FOLDER)",
+        "from transformers import AutoTokenizer; AutoTokenizer.from_pretrained(FOLDER, trust_remote_code=True)",
+    ],
+)
+def test_the_tokenizer_loads_without_asking_about_remote_code(tiny_run, code):
+    """The folder's config.json names remote code (auto_map): AutoTokenizer reads it, and would prompt
+    "Do you wish to run the custom code?" unless minirope is imported or trust_remote_code is passed."""
+    output_dir, _ = tiny_run
+    result = subprocess.run(
+        [sys.executable, "-c", code.replace("FOLDER", repr(str(output_dir)))],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "custom code" not in result.stdout + result.stderr
 
 
 def test_second_run_reuses_the_tokenizer(tiny_run, capsys):

@@ -107,8 +107,8 @@ class PretrainingArguments(MiniRopeTrainingArguments):
     weight_decay: float = 0.1
     adam_beta2: float = 0.95
     max_grad_norm: float = 1.0
-    max_steps: int = 900
-    warmup_steps: float = 50
+    max_steps: int = 1400
+    warmup_steps: float = 40
     torch_compile: bool | None = field(
         default=None,
         metadata={
@@ -117,10 +117,10 @@ class PretrainingArguments(MiniRopeTrainingArguments):
         },
     )
     eval_strategy: str = "steps"
-    eval_steps: float = 450
+    eval_steps: float = 700
     logging_steps: float = 25
     save_strategy: str = "steps"
-    save_steps: float = 450
+    save_steps: float = 700
     save_total_limit: int | None = 1
 
     def __post_init__(self) -> None:
