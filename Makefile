@@ -7,24 +7,30 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-slow lint
+.PHONY: install install-dev demo test test-slow lint
 
 install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
 
+# `make demo` installs the package alone; the test tools (pytest, ruff, peft, lm-eval) come with `make test`.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)" -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet "$(TORCH)" -e ".[dev]"
 	touch $@
 
 demo: install
 	$(BIN)/minirope-pretrain
 
-test: install
+test: install-dev
 	$(BIN)/python -m pytest
 
-test-slow: install
+test-slow: install-dev
 	$(BIN)/python -m pytest -m slow
 
-lint: install
+lint: install-dev
 	$(BIN)/ruff check src tests benchmarks evals
