@@ -83,5 +83,5 @@ def test_prompt_completion_trains_on_completions_only(tiny_pretrained, tmp_path)
 def test_bad_jsonl_rows_are_named(tmp_path, line, message):
     (tmp_path / "t.jsonl").write_text('{"prompt": "a", "completion": "b"}\n' + line + "\n")
     with pytest.raises(ValueError, match=message) as error:
-        finetune.load_prompt_completion(str(tmp_path / "t.jsonl"), str(tmp_path / "t.jsonl"))
+        finetune.load_prompt_completion([str(tmp_path / "t.jsonl")], [str(tmp_path / "t.jsonl")])
     assert "line 2" in str(error.value)
