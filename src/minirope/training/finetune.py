@@ -1,8 +1,10 @@
 """`minirope-finetune`: fine-tune a minirope (or any causal LM) model with the Hugging Face Trainer.
 
 Data, one of:
-  --play NAME                          one play of the bundled corpus (speeches in order, last 10 % held out)
-  --train_file a.txt --validation_file b.txt       plain text: continued pretraining on every token
+  --play NAME                          one play of the bundled corpus: its first 90 % of speeches is the
+                                       training document, the rest the validation document
+  --train_file a.txt [b.txt ...] --validation_file c.txt   plain text, each file one document: continued
+                                                           pretraining on every token
   --train_file a.jsonl --validation_file b.jsonl   {"prompt", "completion"} rows: loss on completion only
   --dataset_name NAME [--dataset_config_name C]    a `datasets` text dataset
 
