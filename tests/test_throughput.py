@@ -31,3 +31,29 @@ def test_metrics_use_the_median_step_after_warm_up():
 def test_matmul_peak_is_a_plausible_rate():
     flops = matmul_peak_flops(size=256, repeats=2)
     assert 1e8 < flops < 1e15  # between 0.1 GFLOP/s and 1 PFLOP/s
+
+
+def test_precision_and_compile_defaults_follow_the_bf16_measurement(monkeypatch):
+    """`--bf16` unset: on where `bf16_is_faster` says so; `--torch_compile` (pretraining) follows it."""
+    from minirope.training import pretrain, trainer
+
+    for fast in (True, False):
+        monkeypatch.setattr(trainer, "bf16_is_faster", lambda device, fast=fast: fast)
+        args = pretrain.parse_args([])[2]
+        assert (args.bf16, args.torch_compile) == (fast, fast)
+    explicit = pretrain.parse_args(["--bf16", "True", "--torch_compile", "False"])[2]
+    assert (explicit.bf16, explicit.torch_compile) == (True, False)
+
+
+def test_float32_peak_is_measured_in_float32():
+    callback = ThroughputCallback(tokens_per_step=1, flops_per_token=1.0)
+    callback.measure_peak(type("Args", (), {"bf16": False, "device": torch.device("cpu")})())
+    assert callback.peak_dtype == torch.float32 and callback.peak_flops > 1e8
+
+
+def test_warmup_stable_decay_decays_over_the_last_quarter_by_default():
+    from minirope.training import pretrain
+
+    assert pretrain.parse_args(["--max_steps", "100"])[2].lr_scheduler_kwargs == {"num_decay_steps": 25}
+    args = pretrain.parse_args(["--max_steps", "100", "--lr_scheduler_kwargs", '{"num_decay_steps": 7}'])[2]
+    assert args.lr_scheduler_kwargs == {"num_decay_steps": 7}

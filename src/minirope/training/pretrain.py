@@ -91,7 +91,7 @@ class DataArguments(TextDataArguments):
 
 @dataclass
 class PretrainingArguments(MiniRopeTrainingArguments):
-    """`TrainingArguments` with the defaults of the recipe measured in docs/recipe.md (2-core CPU, ~6 min)."""
+    """`TrainingArguments` with the defaults of the recipe measured in docs/recipe.md (2-core CPU, ~8 min)."""
 
     output_dir: str = field(default="runs/minirope-shakespeare", metadata={"help": "Where the model is written."})
     per_device_train_batch_size: int = 8
