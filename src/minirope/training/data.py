@@ -157,6 +157,15 @@ class TextDataArguments:
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenizing."})
 
 
+def data_description(args: TextDataArguments) -> str | None:
+    """What a model card names as the training data: the dataset, the text files, or None (bundled corpus)."""
+    if args.dataset_name:
+        return args.dataset_name
+    if args.train_file:
+        return ", ".join(Path(path).name for path in args.train_file)
+    return None
+
+
 def check_text_file(path: str | Path) -> str:
     """Return the file's text.
 

@@ -34,6 +34,7 @@ import minirope  # noqa: F401  (registers the minirope classes with the Auto fac
 from minirope.training.cli import run_cli
 from minirope.training.data import (
     TextDataArguments,
+    data_description,
     load_prompt_completion,
     load_text_datasets,
     play_dataset,
@@ -235,7 +236,7 @@ def run(argv: list[str] | None = None) -> dict:
         "before": {key: before[key] for key in ("eval_nats_per_token", "eval_perplexity", "eval_bits_per_byte")},
         "after": {key: after[key] for key in ("eval_nats_per_token", "eval_perplexity", "eval_bits_per_byte")},
     }
-    dataset = data_args.play or data_args.dataset_name or ", ".join(Path(path).name for path in data_args.train_file)
+    dataset = data_args.play or data_description(data_args)
     how_trained = (
         f"Fine-tuned from `{model_args.model_name_or_path}` with `minirope-finetune` ({summary['method']}, "
         f"{trainable / 1e6:.3f}M trainable parameters): {summary['steps']} steps, AdamW lr "

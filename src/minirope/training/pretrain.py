@@ -22,7 +22,13 @@ from transformers import AutoTokenizer, GenerationConfig, SchedulerType, default
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM
 from minirope.training.cli import run_cli
-from minirope.training.data import BUNDLED_CORPUS, TextDataArguments, load_text_datasets, tokenize_and_block
+from minirope.training.data import (
+    BUNDLED_CORPUS,
+    TextDataArguments,
+    data_description,
+    load_text_datasets,
+    tokenize_and_block,
+)
 from minirope.training.metrics import LanguageModelingMetrics, per_token_loss
 from minirope.training.output import check_output_dir, finish_run, model_card
 from minirope.training.throughput import ThroughputCallback, training_flops_per_token
@@ -259,9 +265,7 @@ def run(argv: list[str] | None = None) -> dict:
         **speed,
         "sample": text,
     }
-    dataset = data_args.dataset_name or (
-        ", ".join(Path(path).name for path in data_args.train_file) if data_args.train_file else BUNDLED_CORPUS
-    )
+    dataset = data_description(data_args) or BUNDLED_CORPUS
     how_trained = (
         f"Pretrained from scratch with `minirope-pretrain` (Hugging Face Trainer): {steps} steps of "
         f"{tokens_per_step} tokens ({train_metrics['train_tokens']:,} tokens), block size {data_args.block_size}, "
