@@ -5,7 +5,7 @@ import torch
 from conftest import llama_twin, random_model, tiny_config
 from transformers import TrainingArguments
 
-from minirope.modeling_minirope import LinearCrossEntropy
+from minirope.kernels_minirope import LinearCrossEntropy
 from minirope.training.trainer import MiniRopeTrainer
 
 

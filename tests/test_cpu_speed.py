@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from minirope.modeling_minirope import ONEDNN_LINEAR, MiniRopeLinear, matmul_nt, use_onednn
+from minirope.kernels_minirope import ONEDNN_LINEAR, MiniRopeLinear, matmul_nt, use_onednn
 from minirope.training.trainer import reuse_freed_memory
 
 needs_onednn = pytest.mark.skipif(not ONEDNN_LINEAR, reason="oneDNN linear is used on x86 CPUs with mkldnn only")
@@ -22,6 +22,25 @@ def test_onednn_is_used_for_float32_cpu_products_only():
     assert not use_onednn(x.bfloat16(), weight.bfloat16())
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not use_onednn(x, weight)  # autocast's bf16 product is already oneDNN's
+
+
+class Wrapped(torch.Tensor):
+    """A tensor subclass standing in for DTensor, FakeTensor and friends: no rule for the oneDNN op."""
+
+
+@needs_onednn
+def test_tensor_subclasses_and_tracing_get_the_standard_linear():
+    layer = MiniRopeLinear(8, 5)
+    x = torch.randn(3, 8)
+    assert not use_onednn(x.as_subclass(Wrapped), layer.weight)
+    assert not use_onednn(x, layer.weight.detach().as_subclass(Wrapped))
+    with torch.no_grad():
+        traced = torch.jit.trace(layer, x)
+    graph = str(traced.inlined_graph)
+    assert "aten::linear" in graph and "mkldnn" not in graph
+    exported = torch.export.export(layer, (x,)).graph_module.code
+    assert "mkldnn" not in exported
+    assert use_onednn(x, layer.weight)  # and eager float32 products are back on oneDNN afterwards
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -62,7 +81,7 @@ def test_no_grad_and_non_contiguous_inputs():
 
 
 def test_environment_variable_turns_it_off():
-    code = "import minirope.modeling_minirope as m; print(m.ONEDNN_LINEAR)"
+    code = "import minirope.kernels_minirope as m; print(m.ONEDNN_LINEAR)"
     env = {**os.environ, "MINIROPE_ONEDNN_LINEAR": "0"}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

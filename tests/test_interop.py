@@ -51,7 +51,7 @@ def test_folder_loads_as_remote_code_where_minirope_is_not_importable(tmp_path):
     input_ids, attention_mask, _ = left_padded_batch(model.config.vocab_size)
     torch.save({"input_ids": input_ids, "attention_mask": attention_mask}, tmp_path / "inputs.pt")
     package = Path(minirope.__file__).parent
-    for name in ("modeling_minirope.py", "configuration_minirope.py"):  # shipped unchanged
+    for name in ("modeling_minirope.py", "configuration_minirope.py", "kernels_minirope.py"):  # shipped unchanged
         assert filecmp.cmp(tmp_path / "model" / name, package / name, shallow=False), name
 
     script = textwrap.dedent(
@@ -72,6 +72,7 @@ def test_folder_loads_as_remote_code_where_minirope_is_not_importable(tmp_path):
         assert type(config).__name__ == "MiniRopeConfig"
         assert type(model).__name__ == "MiniRopeForCausalLM"
         assert not type(model).__module__.startswith("minirope"), type(model).__module__
+        assert type(model.lm_head).__module__.endswith(".kernels_minirope"), type(model.lm_head).__module__
         inputs = torch.load({str(tmp_path / "inputs.pt")!r})
         with torch.no_grad():
             torch.save(model(**inputs).logits, {str(tmp_path / "logits.pt")!r})

@@ -31,6 +31,7 @@ def test_writes_a_complete_hugging_face_folder(tiny_run):
         "tokenizer_config.json",
         "modeling_minirope.py",
         "configuration_minirope.py",
+        "kernels_minirope.py",
         "eval_results.json",
         "train_results.json",
         "all_results.json",

@@ -14,7 +14,7 @@ def test_round_trip_is_bit_identical_and_ships_remote_code(tmp_path, layout):
     model.save_pretrained(tmp_path)
 
     files = {path.name for path in tmp_path.iterdir()}
-    assert {"model.safetensors", "config.json", "modeling_minirope.py", "configuration_minirope.py"} <= files
+    assert {"model.safetensors", "config.json", "modeling_minirope.py", "configuration_minirope.py", "kernels_minirope.py"} <= files
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["model_type"] == "minirope"
     assert saved["auto_map"] == {

@@ -1,0 +1,168 @@
+"""CPU fast paths of the minirope model: float32 products on oneDNN and the chunked linear cross-entropy.
+
+Kept apart from `modeling_minirope.py` (which reads like the paper) and shipped beside it as remote code:
+`save_pretrained` copies this file with the model file, so a folder loaded with `trust_remote_code=True`
+runs the same kernels where minirope is not installed. Both paths give the math of `nn.functional.linear`
+and transformers' `ForCausalLMLoss` (float32 rounding differences only) and step aside (plain
+`nn.functional.linear`) wherever they are not safe: tensor subclasses (DTensor, fake tensors), tracing and
+exporting, autocast, other devices and dtypes (`use_onednn`).
+
+Imports only torch, so that it can be shipped as remote code.
+"""
+
+import os
+import platform
+
+import torch
+from torch import nn
+
+# Float32 matrix products on x86 CPUs go to oneDNN (the kernel library behind torch's bf16 products and
+# Inductor's CPU linears) rather than to the BLAS behind `torch.mm`: on this project's benchmark machine oneDNN
+# runs the narrow products of small models 1.6-2.3x faster (benchmarks/bench_speed.py). Same products, summed
+# in another order (float32 rounding differences only). MINIROPE_ONEDNN_LINEAR=0 turns it off.
+ONEDNN_LINEAR = (
+    os.environ.get("MINIROPE_ONEDNN_LINEAR", "1") != "0"
+    and platform.machine().lower() in ("x86_64", "amd64")
+    and torch.backends.mkldnn.is_available()
+)
+PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
+
+
+def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `x @ weight.T` should run on oneDNN: float32 CPU tensors, outside autocast, run eagerly.
+
+    Only plain tensors (`torch.Tensor`, `nn.Parameter`): a tensor subclass (DTensor under tensor parallel or
+    FSDP2, fake/functional tensors inside `torch.export`, PEFT or quantization wrappers) has no sharding or
+    decomposition rule for the oneDNN op, so it gets `nn.functional.linear`. Never while tracing or exporting
+    (TorchScript tracing, the legacy ONNX exporter, `torch.export`): exported graphs must hold standard ops.
+    In a `torch.compile`d graph only for inference with Inductor's `freezing` (weights become constants,
+    which its oneDNN lowering needs); otherwise Inductor chooses its own kernels.
+    """
+    if not (
+        ONEDNN_LINEAR
+        and x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+    ):
+        return False
+    if torch.compiler.is_compiling():
+        return not torch.compiler.is_exporting() and not torch.is_grad_enabled() and inductor_freezes_weights()
+    return (
+        type(x) in PLAIN_TENSORS
+        and type(weight) in PLAIN_TENSORS
+        and not torch.jit.is_tracing()
+        and not torch.onnx.is_in_onnx_export()
+    )
+
+
+def inductor_freezes_weights() -> bool:
+    import torch._inductor.config
+
+    return torch._inductor.config.freezing
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T + bias` on oneDNN. x `(..., K)`, weight `(N, K)` (any strides), bias `(N,)` -> `(..., N)`."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+class OneDnnLinear(torch.autograd.Function):
+    """`nn.functional.linear` with the forward and both backward products on oneDNN.
+
+    Under `create_graph=True` (a gradient of a gradient) the backward products use `nn.functional.linear`,
+    which autograd can differentiate again; the oneDNN op has no derivative of its own.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return onednn_linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        product = nn.functional.linear if torch.is_grad_enabled() else onednn_linear
+        grad_2d, x_2d = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
+        grad_x = product(grad, weight.T) if ctx.needs_input_grad[0] else None  # grad @ W
+        grad_weight = product(grad_2d.T, x_2d.T) if ctx.needs_input_grad[1] else None  # grad^T @ x
+        grad_bias = grad_2d.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias
+
+
+def matmul_nt(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`nn.functional.linear(x, weight, bias)`, on oneDNN where `use_onednn` says so."""
+    if not use_onednn(x, weight):
+        return nn.functional.linear(x, weight, bias)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        return OneDnnLinear.apply(x, weight, bias)
+    return onednn_linear(x, weight, bias)
+
+
+class MiniRopeLinear(nn.Linear):
+    """`nn.Linear` (same parameters, init and state-dict keys) whose float32 CPU products run on oneDNN.
+
+    A subclass, so PEFT, quantization and `isinstance(module, nn.Linear)` checks treat it as a Linear.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return matmul_nt(x, self.weight, self.bias)
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """Cross-entropy of `hidden @ weight.T` against `targets`, a chunk of rows at a time.
+
+    The value and gradients of transformers' `ForCausalLMLoss(lm_head(hidden), ...)` (logits upcast to
+    float32, `ignore_index` -100, mean over the counted targets or sum / `num_items_in_batch`) without the
+    `(N, V)` logits or their gradient ever existing in full. For each chunk of `chunk_size` rows the float32
+    logits give the loss and, at once, their gradient `softmax - one_hot(target)` (scaled by 1 / count),
+    which is multiplied into the gradients of `hidden` and `weight` and dropped; `backward` only scales those
+    by the incoming gradient. Under autocast the three matrix products run in the autocast dtype, as
+    `nn.Linear` and its backward would. Same approach as Liger Kernel's fused linear cross-entropy.
+
+    Args (of `apply`): hidden `(N, D)`; weight `(V, D)`; targets `(N,)` int64 in `[0, V)` or -100;
+    num_items_in_batch: the denominator (tensor or int), or None for the number of counted targets;
+    chunk_size: rows per chunk.
+    Returns: the scalar loss, float32, in nats per counted target.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, num_items_in_batch, chunk_size):
+        ctx.weight_dtype = weight.dtype
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        compute_hidden, compute_weight = hidden.to(dtype), weight.to(dtype)
+        counted = targets != -100
+        denominator = counted.sum() if num_items_in_batch is None else num_items_in_batch
+        scale = counted / denominator  # (N,): d loss / d (per-row loss)
+        targets = targets.masked_fill(~counted, 0)
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, hidden.shape[0], chunk_size):
+            rows = slice(start, start + chunk_size)
+            log_probs = matmul_nt(compute_hidden[rows], compute_weight).float().log_softmax(-1)
+            target_log_prob = log_probs.gather(-1, targets[rows, None])
+            loss -= (target_log_prob.squeeze(-1) * scale[rows]).sum()
+            if grad_hidden is None and grad_weight is None:
+                continue
+            grad_logits = log_probs.exp_()  # softmax
+            grad_logits.scatter_add_(-1, targets[rows, None], torch.full_like(target_log_prob, -1.0))
+            grad_logits = grad_logits.mul_(scale[rows, None]).to(dtype)
+            if grad_hidden is not None:
+                grad_hidden[rows] = matmul_nt(grad_logits, compute_weight.T)
+            if grad_weight is not None:
+                grad_weight += matmul_nt(grad_logits.T, compute_hidden[rows].T)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return (
+            None if grad_hidden is None else grad_hidden * grad_loss,
+            None if grad_weight is None else (grad_weight * grad_loss).to(ctx.weight_dtype),
+            None,
+            None,
+            None,
+        )
