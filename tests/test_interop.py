@@ -65,7 +65,7 @@ def test_folder_loads_as_remote_code_where_minirope_is_not_importable(tmp_path):
         else:
             raise SystemExit("minirope is importable")
         import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
         folder = {str(tmp_path / "model")!r}
         config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
         model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
@@ -73,6 +73,8 @@ def test_folder_loads_as_remote_code_where_minirope_is_not_importable(tmp_path):
         assert type(model).__name__ == "MiniRopeForCausalLM"
         assert not type(model).__module__.startswith("minirope"), type(model).__module__
         assert type(model.lm_head).__module__.endswith(".kernels_minirope"), type(model.lm_head).__module__
+        classifier = AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True, num_labels=2)
+        assert type(classifier).__name__ == "MiniRopeForSequenceClassification"
         inputs = torch.load({str(tmp_path / "inputs.pt")!r})
         with torch.no_grad():
             torch.save(model(**inputs).logits, {str(tmp_path / "logits.pt")!r})

@@ -14,12 +14,22 @@ def test_round_trip_is_bit_identical_and_ships_remote_code(tmp_path, layout):
     model.save_pretrained(tmp_path)
 
     files = {path.name for path in tmp_path.iterdir()}
-    assert {"model.safetensors", "config.json", "modeling_minirope.py", "configuration_minirope.py", "kernels_minirope.py"} <= files
+    assert {
+        "model.safetensors",
+        "config.json",
+        "modeling_minirope.py",
+        "configuration_minirope.py",
+        "kernels_minirope.py",
+    } <= files
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["model_type"] == "minirope"
-    assert saved["auto_map"] == {
+    assert saved["auto_map"] == {  # every Auto class can load the folder as remote code
         "AutoConfig": "configuration_minirope.MiniRopeConfig",
+        "AutoModel": "modeling_minirope.MiniRopeModel",
         "AutoModelForCausalLM": "modeling_minirope.MiniRopeForCausalLM",
+        "AutoModelForSequenceClassification": "modeling_minirope.MiniRopeForSequenceClassification",
+        "AutoModelForTokenClassification": "modeling_minirope.MiniRopeForTokenClassification",
+        "AutoModelForQuestionAnswering": "modeling_minirope.MiniRopeForQuestionAnswering",
     }
 
     input_ids, attention_mask, position_ids = left_padded_batch(model.config.vocab_size)

@@ -1,15 +1,20 @@
 """minirope: a Hugging Face-compatible causal LM built around Rotary Position Embedding.
 
-`import minirope` registers the model with transformers' Auto classes, so that
-`AutoConfig`, `AutoModel` and `AutoModelForCausalLM` resolve `model_type="minirope"`, and marks the
-classes for `save_pretrained` to write `auto_map` and ship the two model files as remote code.
+`import minirope` registers the model with transformers' Auto classes, so that `AutoConfig`, `AutoModel`,
+`AutoModelForCausalLM` and the task heads' classes (`AutoModelForSequenceClassification`,
+`AutoModelForTokenClassification`, `AutoModelForQuestionAnswering`) resolve `model_type="minirope"`, and
+marks the classes for `save_pretrained` to write `auto_map` and ship the model files as remote code.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+import transformers
 
+from . import modeling_minirope
 from .configuration_minirope import MiniRopeConfig
 from .modeling_minirope import (
     MiniRopeForCausalLM,
+    MiniRopeForQuestionAnswering,
+    MiniRopeForSequenceClassification,
+    MiniRopeForTokenClassification,
     MiniRopeModel,
     MiniRopePreTrainedModel,
     MiniRopeRotaryEmbedding,
@@ -17,17 +22,20 @@ from .modeling_minirope import (
     rotate_half,
 )
 
-AutoConfig.register(MiniRopeConfig.model_type, MiniRopeConfig, exist_ok=True)
-AutoModel.register(MiniRopeConfig, MiniRopeModel, exist_ok=True)
-AutoModelForCausalLM.register(MiniRopeConfig, MiniRopeForCausalLM, exist_ok=True)
+transformers.AutoConfig.register(MiniRopeConfig.model_type, MiniRopeConfig, exist_ok=True)
 MiniRopeConfig.register_for_auto_class()
-MiniRopeModel.register_for_auto_class("AutoModel")
-MiniRopeForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+for auto_name, class_name in modeling_minirope.AUTO_CLASSES.items():
+    model_class = getattr(modeling_minirope, class_name)
+    getattr(transformers, auto_name).register(MiniRopeConfig, model_class, exist_ok=True)
+    model_class.register_for_auto_class(auto_name)
 
 __version__ = "0.1.0"
 __all__ = [
     "MiniRopeConfig",
     "MiniRopeForCausalLM",
+    "MiniRopeForQuestionAnswering",
+    "MiniRopeForSequenceClassification",
+    "MiniRopeForTokenClassification",
     "MiniRopeModel",
     "MiniRopePreTrainedModel",
     "MiniRopeRotaryEmbedding",

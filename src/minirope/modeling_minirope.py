@@ -24,7 +24,12 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask
-from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_layers import (
+    GenericForQuestionAnswering,
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+    GradientCheckpointingLayer,
+)
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel, slice_logits_to_keep
@@ -424,6 +429,17 @@ class MiniRopePreTrainedModel(PreTrainedModel):
                 f"copy or download model.safetensors again, or re-save the model."
             ) from error
 
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """`PreTrainedModel.save_pretrained`; a folder that ships remote code lists every head in `auto_map`.
+
+        So that `AutoModelFor{CausalLM,SequenceClassification,TokenClassification,QuestionAnswering}` and
+        `AutoModel` all load it with `trust_remote_code=True` where minirope is not installed.
+        """
+        if self._auto_class is not None:
+            heads = {auto_class: f"modeling_minirope.{name}" for auto_class, name in AUTO_CLASSES.items()}
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **heads}
+        super().save_pretrained(save_directory, *args, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         # transformers resets `inv_freq`/`original_inv_freq` of any "*RotaryEmbedding" module;
@@ -631,8 +647,71 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
         return LinearCrossEntropy.apply(hidden, self.lm_head.weight, targets, num_items_in_batch, chunk_size)
 
 
+# Task heads: the forward passes, outputs and losses of transformers' generic heads, the ones Llama's own heads
+# use, so weights and outputs match `LlamaFor{SequenceClassification,TokenClassification,QuestionAnswering}`.
+# Each builds its decoder as `MiniRopeModel(config)`: the generic `AutoModel.from_config(config)` cannot resolve
+# a config class loaded as remote code.
+
+
+class MiniRopeForSequenceClassification(GenericForSequenceClassification, MiniRopePreTrainedModel):
+    """A bias-free linear `score` head `(D -> num_labels)` read at each sequence's last non-pad token.
+
+    `logits` `(B, num_labels)`; `loss` by `config.problem_type` (regression, single- or multi-label
+    classification). The last non-pad token is found from `config.pad_token_id` (left or right padding);
+    without a pad id, batches must hold one sequence.
+    """
+
+    def __init__(self, config: MiniRopeConfig) -> None:
+        MiniRopePreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = MiniRopeModel(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+
+class MiniRopeForTokenClassification(GenericForTokenClassification, MiniRopePreTrainedModel):
+    """Dropout (`config.classifier_dropout`, default 0.1) then a linear `score` head: `logits` `(B, T, num_labels)`."""
+
+    def __init__(self, config: MiniRopeConfig) -> None:
+        MiniRopePreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = MiniRopeModel(config)
+        dropout = getattr(config, "classifier_dropout", None)
+        self.dropout = nn.Dropout(0.1 if dropout is None else dropout)
+        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+
+class MiniRopeForQuestionAnswering(GenericForQuestionAnswering, MiniRopePreTrainedModel):
+    """Extractive QA: `qa_outputs` `(D -> 2)` gives `start_logits` and `end_logits`, each `(B, T)`.
+
+    The decoder sits under `transformer` (not `model`), as in `LlamaForQuestionAnswering`, so the state dicts
+    of the two stay interchangeable.
+    """
+
+    base_model_prefix = "transformer"
+
+    def __init__(self, config: MiniRopeConfig) -> None:
+        MiniRopePreTrainedModel.__init__(self, config)
+        self.transformer = MiniRopeModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+
+# The Auto class that builds each model from a `minirope` config (registered by `import minirope`).
+AUTO_CLASSES = {
+    "AutoModel": "MiniRopeModel",
+    "AutoModelForCausalLM": "MiniRopeForCausalLM",
+    "AutoModelForSequenceClassification": "MiniRopeForSequenceClassification",
+    "AutoModelForTokenClassification": "MiniRopeForTokenClassification",
+    "AutoModelForQuestionAnswering": "MiniRopeForQuestionAnswering",
+}
+
 __all__ = [
     "MiniRopeForCausalLM",
+    "MiniRopeForQuestionAnswering",
+    "MiniRopeForSequenceClassification",
+    "MiniRopeForTokenClassification",
     "MiniRopeModel",
     "MiniRopePreTrainedModel",
     "MiniRopeRotaryEmbedding",
