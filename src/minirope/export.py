@@ -1,0 +1,304 @@
+"""`minirope-export`: a trained folder as a plain Llama folder, a GGUF file for llama.cpp, or an ONNX model.
+
+    minirope-export --model runs/minirope-shakespeare --format llama --output exports/llama
+    minirope-export --model runs/minirope-shakespeare --format gguf --output exports/model.gguf --outtype q8_0
+    minirope-export --model runs/minirope-shakespeare --format onnx --output exports/onnx
+
+Each target is written next to its final path and moved there only once complete, so a failed export leaves
+nothing half-written; an existing output is replaced only with `--overwrite`.
+
+- **llama**: `to_llama` weights (safetensors), config (`model_type: llama`), generation config, the tokenizer
+  files and a model card: loads with `AutoModelForCausalLM`/`AutoTokenizer` and no remote code.
+- **gguf**: written with `gguf` (llama.cpp's own Python library), as llama.cpp's `convert_hf_to_gguf.py` writes a
+  Llama: architecture `llama`, q/k rows permuted back to the interleaved RoPE layout llama.cpp rotates
+  (`half_split_to_interleaved`), the byte-level BPE vocabulary and merges with the `gpt-2` pre-tokenizer (the
+  same regex as `tokenizers`' `ByteLevel(use_regex=True)`, which minirope's tokenizer uses), the special ids
+  and add-bos/add-eos as the HF tokenizer does them, the RoPE base and the `linear`/`yarn`/`llama3` scalings.
+- **onnx**: `torch.onnx.export(..., dynamo=True)`, inputs `input_ids` and `attention_mask` `(batch, sequence)`
+  int64 with both axes dynamic, output `logits` `(batch, sequence, vocab)` float32; positions are computed
+  inside as `generate()` computes them (`cumsum(attention_mask) - 1`), so left-padded batches are right.
+"""
+
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import AutoTokenizer, HfArgumentParser, PreTrainedTokenizerBase
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from minirope.convert import half_split_to_interleaved, to_llama
+from minirope.modeling_minirope import MiniRopeForCausalLM
+from minirope.training.cli import run_cli
+
+FORMATS = ("llama", "gguf", "onnx")
+GGUF_OUTTYPES = ("f32", "f16", "q8_0")
+
+
+@dataclass
+class ExportArguments:
+    model: str = field(metadata={"help": "A folder written by minirope (save_pretrained, with its tokenizer)."})
+    format: str = field(metadata={"help": "llama (a plain Llama folder), gguf (one file) or onnx (a folder)."})
+    output: str = field(metadata={"help": "Where to write: a folder (llama, onnx) or a .gguf file."})
+    outtype: str = field(default="f32", metadata={"help": "GGUF weight type: f32, f16 or q8_0 (norms stay f32)."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace an existing output."})
+
+
+@contextmanager
+def staged(output: Path, overwrite: bool) -> Iterator[Path]:
+    """A temporary path beside `output` to write into; moved onto `output` only if the block succeeds.
+
+    Raises:
+        FileExistsError: `output` exists and `overwrite` is False.
+    """
+    if output.exists() and not overwrite:
+        raise FileExistsError(f"{output} exists: choose another --output, or pass --overwrite True.")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        yield scratch / output.name
+        if output.is_dir():
+            shutil.rmtree(output)
+        (scratch / output.name).replace(output)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def load(model_dir: str | Path) -> tuple[MiniRopeForCausalLM, PreTrainedTokenizerBase]:
+    """The model (float32, eval) and tokenizer of a minirope folder.
+
+    Raises:
+        OSError: no loadable model or no tokenizer in the folder.
+    """
+    try:
+        model = MiniRopeForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError) as error:
+        reason = str(error).strip().splitlines()[0]
+        raise OSError(f"cannot load a minirope model and tokenizer from {str(model_dir)!r}: {reason}") from error
+    return model, tokenizer
+
+
+def export_llama(model_dir: str | Path, output: str | Path, overwrite: bool = False) -> Path:
+    """Write a plain Llama folder (weights, config, generation config, tokenizer, model card); returns its path."""
+    model, tokenizer = load(model_dir)
+    output = Path(output)
+    with staged(output, overwrite) as folder:
+        to_llama(model, save_directory=folder)
+        tokenizer.save_pretrained(folder)
+        (folder / "README.md").write_text(
+            f"---\nlibrary_name: transformers\npipeline_tag: text-generation\ntags: [llama, minirope]\n---\n\n"
+            f"# {output.name}\n\nA Llama checkpoint exported from the minirope model `{Path(model_dir).name}` by "
+            f"`minirope-export --format llama`: the same weights and logits, loadable with transformers alone.\n\n"
+            f"```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+            f'model = AutoModelForCausalLM.from_pretrained("{output.name}")\n'
+            f'tokenizer = AutoTokenizer.from_pretrained("{output.name}")\n```\n'
+        )
+    return output
+
+
+def gguf_rope_scaling(config, writer, gguf) -> np.ndarray | None:
+    """Write `config.rope_parameters`' scaling into the GGUF header; returns llama3's `rope_freqs` factors.
+
+    Raises:
+        ValueError: a scaling llama.cpp's `llama` architecture cannot express (`dynamic`, `longrope`).
+    """
+    rope = config.rope_parameters
+    rope_type = rope["rope_type"]
+    writer.add_rope_freq_base(rope["rope_theta"])
+    if rope_type == "default":
+        return None
+    if rope_type == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+        return None
+    if rope_type == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        if rope.get("beta_fast") is not None:
+            writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        if rope.get("beta_slow") is not None:
+            writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+        if rope.get("attention_factor") is not None:
+            writer.add_rope_scaling_yarn_attn_factor(rope["attention_factor"])
+        return None
+    if rope_type == "llama3":  # llama.cpp divides each pair's frequency by a factor: the `rope_freqs` tensor
+        scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, None)
+        exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
+        return (1.0 / rope["rope_theta"] ** exponents / scaled).numpy().astype(np.float32)
+    raise ValueError(
+        f"rope_type {rope_type!r} has no GGUF form llama.cpp's llama architecture runs (it runs default, linear, "
+        f"yarn and llama3): export with --format llama or onnx, or fine-tune with one of those types."
+    )
+
+
+def gguf_vocabulary(tokenizer: PreTrainedTokenizerBase, vocab_size: int, gguf) -> tuple[list[str], list[int]]:
+    """Token strings and types for ids `0 .. vocab_size-1`, as `convert_hf_to_gguf.py`'s `get_vocab_base`."""
+    by_id = {index: token for token, index in tokenizer.get_vocab().items()}
+    special = set(tokenizer.all_special_ids)
+    tokens, types = [], []
+    for index in range(vocab_size):
+        if index not in by_id:
+            tokens.append(f"[PAD{index}]")
+            types.append(gguf.TokenType.UNUSED)
+        else:
+            tokens.append(by_id[index])
+            types.append(gguf.TokenType.CONTROL if index in special else gguf.TokenType.NORMAL)
+    return tokens, types
+
+
+def gguf_tensor(tensor: torch.Tensor, outtype: str, gguf) -> tuple[np.ndarray, object]:
+    """One tensor in the output type: 1-D tensors stay float32; q8_0 falls back to f16 where rows do not divide."""
+    data = tensor.detach().float().numpy()
+    if data.ndim == 1 or outtype == "f32":
+        return data, gguf.GGMLQuantizationType.F32
+    if outtype == "q8_0":
+        try:
+            return gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+        except gguf.QuantError:
+            pass
+    return data.astype(np.float16), gguf.GGMLQuantizationType.F16
+
+
+def export_gguf(model_dir: str | Path, output: str | Path, outtype: str = "f32", overwrite: bool = False) -> Path:
+    """Write a GGUF file that stock llama.cpp loads and runs; returns its path.
+
+    Raises:
+        ValueError: an unknown `outtype`, a tokenizer llama.cpp cannot reproduce (not a byte-level BPE), or a
+            RoPE scaling llama.cpp cannot express.
+    """
+    import gguf
+
+    if outtype not in GGUF_OUTTYPES:
+        raise ValueError(f"--outtype {outtype!r} is not one of {', '.join(GGUF_OUTTYPES)}.")
+    model, tokenizer = load(model_dir)
+    config = model.config
+    backend = tokenizer.backend_tokenizer
+    if type(backend.model).__name__ != "BPE" or type(backend.pre_tokenizer).__name__ != "ByteLevel":
+        raise ValueError(
+            f"the tokenizer in {model_dir} is not a byte-level BPE (model {type(backend.model).__name__}, "
+            f"pre-tokenizer {type(backend.pre_tokenizer).__name__}): GGUF export supports minirope's own tokenizer."
+        )
+    output = Path(output)
+    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}
+    with staged(output, overwrite) as path:
+        writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
+        writer.add_name(Path(model_dir).name)
+        writer.add_vocab_size(config.vocab_size)
+        writer.add_context_length(config.max_position_embeddings)
+        writer.add_embedding_length(config.hidden_size)
+        writer.add_feed_forward_length(config.intermediate_size)
+        writer.add_block_count(config.num_hidden_layers)
+        writer.add_head_count(config.num_attention_heads)
+        writer.add_head_count_kv(config.num_key_value_heads)
+        writer.add_key_length(config.head_dim)
+        writer.add_value_length(config.head_dim)
+        writer.add_rope_dimension_count(config.head_dim)
+        writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+        writer.add_file_type(file_type.get(outtype, gguf.LlamaFileType.MOSTLY_Q8_0))
+        rope_freqs = gguf_rope_scaling(config, writer, gguf)
+
+        tokens, types = gguf_vocabulary(tokenizer, config.vocab_size, gguf)
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("gpt-2")
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        special = gguf.SpecialVocab(model_dir, load_merges=True, n_vocab=config.vocab_size)
+        probe = tokenizer("a")["input_ids"]  # does the HF tokenizer add bos/eos around text?
+        special.add_special_token = {
+            "bos": probe[0] == tokenizer.bos_token_id,
+            "eos": probe[-1] == tokenizer.eos_token_id,
+        }
+        special.add_to_gguf(writer, quiet=True)
+
+        names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+        for name, tensor in model.state_dict().items():
+            if name == "lm_head.weight" and config.tie_word_embeddings:
+                continue  # llama.cpp reads a missing output.weight as tied to token_embd
+            if name.endswith(("q_proj.weight", "q_proj.bias")):
+                tensor = half_split_to_interleaved(tensor, config.num_attention_heads)
+            elif name.endswith(("k_proj.weight", "k_proj.bias")):
+                tensor = half_split_to_interleaved(tensor, config.num_key_value_heads)
+            gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+            if gguf_name is None:
+                raise ValueError(f"no GGUF name for tensor {name!r}")
+            data, dtype = gguf_tensor(tensor, outtype, gguf)
+            writer.add_tensor(gguf_name, data, raw_dtype=dtype)
+        if rope_freqs is not None:
+            writer.add_tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", rope_freqs)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    return output
+
+
+class LogitsFromIds(nn.Module):
+    """`(input_ids, attention_mask)` -> logits, with `generate()`'s positions; the graph `export_onnx` traces."""
+
+    def __init__(self, model: MiniRopeForCausalLM) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).logits
+
+
+def export_onnx(model_dir: str | Path, output: str | Path, overwrite: bool = False) -> Path:
+    """Write `model.onnx` (dynamic batch and sequence), the config and the tokenizer into a folder; returns it."""
+    model, tokenizer = load(model_dir)
+    model.config._attn_implementation = "sdpa"
+    output = Path(output)
+    batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence", min=2)
+    # Two distinct example tensors (one tensor passed twice is traced as a single aliased input: wrong logits),
+    # the mask left-padded so that tracing goes through the padding path.
+    example_ids = torch.randint(0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    example_mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
+    with staged(output, overwrite) as folder:
+        folder.mkdir()
+        with torch.no_grad():
+            program = torch.onnx.export(
+                LogitsFromIds(model),
+                (example_ids, example_mask),
+                dynamo=True,
+                input_names=["input_ids", "attention_mask"],
+                output_names=["logits"],
+                dynamic_shapes={"input_ids": {0: batch, 1: sequence}, "attention_mask": {0: batch, 1: sequence}},
+                verbose=False,
+            )
+        program.save(folder / "model.onnx")
+        model.config.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return output
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse flags and write the export. Raises ValueError for an unknown format (exit 1 through `run_cli`)."""
+
+    def export() -> None:
+        (args,) = HfArgumentParser(ExportArguments).parse_args_into_dataclasses(args=argv)
+        if args.format not in FORMATS:
+            raise ValueError(f"--format {args.format!r} is not one of {', '.join(FORMATS)}.")
+        if args.format == "gguf":
+            path = export_gguf(args.model, args.output, args.outtype, args.overwrite)
+        elif args.format == "onnx":
+            path = export_onnx(args.model, args.output, args.overwrite)
+        else:
+            path = export_llama(args.model, args.output, args.overwrite)
+        print(f"minirope-export: wrote {path}", file=sys.stderr)
+
+    run_cli("minirope-export", export)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""`minirope-export`: each artifact checked by the client that reads it (transformers without remote code,
+onnxruntime, llama.cpp through llama-cpp-python), on a model trained here on the bundled plays."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_RUN, left_padded_batch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+from minirope import MiniRopeForCausalLM
+from minirope.export import export_gguf, export_llama, export_onnx
+from minirope.training import pretrain
+from minirope.training.data import shakespeare_dataset
+
+pytestmark = pytest.mark.client
+
+# Text a tokenizer can get wrong: newlines and blank lines, apostrophes and contractions, digits, non-ASCII.
+TRICKY = [
+    "ROMEO:\nBut, soft! what light through yonder window breaks?\n\nJULIET:\nAy me!",
+    "I'll ne'er o'erlook't; 'tis true, we've 3 or 33 or 333 ducats.",
+    "  two spaces,\tone tab\n\n\n three newlines; café, naïve, Æsop — “quoted” ‘single’ 🦙",
+]
+
+
+@pytest.fixture(scope="module")
+def client_model(tmp_path_factory):
+    """A small model trained for 80 steps: hidden 64 (q8_0 needs widths divisible by 32), 4 heads of 16."""
+    output_dir = tmp_path_factory.mktemp("client_model")
+    flags = dict(zip(TINY_RUN[::2], TINY_RUN[1::2], strict=True))
+    flags.update({
+        "--hidden_size": "64", "--intermediate_size": "128", "--tokenizer_vocab_size": "512", "--block_size": "64",
+        "--max_steps": "80", "--eval_steps": "80", "--save_steps": "80", "--learning_rate": "3e-3",
+    })  # fmt: skip
+    pretrain.run([*(item for pair in flags.items() for item in pair), "--output_dir", str(output_dir)])
+    return output_dir
+
+
+def validation_text(chars: int = 3000) -> str:
+    return shakespeare_dataset()["validation"]["text"][0][:chars]
+
+
+def test_llama_folder_loads_without_remote_code(client_model, tmp_path):
+    output = export_llama(client_model, tmp_path / "llama")
+    files = {path.name for path in output.iterdir()}
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "README.md"} <= files
+    assert not any(name.endswith(".py") for name in files)
+    assert json.loads((output / "config.json").read_text())["model_type"] == "llama"
+    llama = AutoModelForCausalLM.from_pretrained(output).eval()
+    assert type(llama) is LlamaForCausalLM
+    ours, tokenizer = MiniRopeForCausalLM.from_pretrained(client_model).eval(), AutoTokenizer.from_pretrained(output)
+    text = validation_text(600)
+    assert tokenizer(text)["input_ids"] == AutoTokenizer.from_pretrained(client_model)(text)["input_ids"]
+    ids = tokenizer(text, return_tensors="pt")["input_ids"][:, :64]
+    with torch.no_grad():
+        torch.testing.assert_close(llama(ids).logits, ours(ids).logits, rtol=0, atol=1e-4)
+
+
+def test_onnx_matches_pytorch_for_several_lengths_and_a_padded_batch(client_model, tmp_path):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    output = export_onnx(client_model, tmp_path / "onnx")
+    session = onnxruntime.InferenceSession(str(output / "model.onnx"))
+    model = MiniRopeForCausalLM.from_pretrained(client_model).eval()
+    vocab = model.config.vocab_size
+    for batch, length in ((1, 1), (1, 7), (3, 33), (2, 64)):
+        ids = torch.randint(3, vocab, (batch, length), generator=torch.Generator().manual_seed(length))
+        mask = torch.ones_like(ids)
+        (logits,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+        with torch.no_grad():
+            want = model(ids, attention_mask=mask).logits.numpy()
+        assert np.abs(logits - want).max() < 1e-4, (batch, length)
+    ids, mask, positions = left_padded_batch(vocab)
+    (logits,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+    with torch.no_grad():
+        want = model(ids, attention_mask=mask, position_ids=positions).logits.numpy()
+    real = mask.bool().numpy()
+    assert np.abs(logits[real] - want[real]).max() < 1e-4
+
+
+def test_legacy_onnx_exporter_gets_as_far_as_llamas(client_model, tmp_path):
+    """The TorchScript-based exporter (`dynamo=False`) must meet minirope's model exactly as it meets Llama's."""
+    pytest.importorskip("onnx")
+    from minirope.convert import to_llama
+
+    model = MiniRopeForCausalLM.from_pretrained(client_model).eval()
+    ids = torch.randint(3, model.config.vocab_size, (1, 8))
+    outcomes = []
+    for name, candidate in (("minirope", model), ("llama", to_llama(model))):
+        candidate.config.use_cache = False
+        try:
+            torch.onnx.export(candidate, (ids,), str(tmp_path / f"{name}.onnx"), dynamo=False)
+            outcomes.append("exported")
+        except Exception as error:  # compared, not hidden: both must stop at the same point
+            outcomes.append(type(error).__name__)
+    assert outcomes[0] == outcomes[1], outcomes
+    print("legacy exporter:", dict(zip(("minirope", "llama"), outcomes, strict=True)))
+
+
+# --- llama.cpp, through llama-cpp-python (it builds llama.cpp from source at install) ---
+
+
+def llama_cpp_model(path, n_ctx: int = 64):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def gguf_f32(client_model, tmp_path_factory):
+    return export_gguf(client_model, tmp_path_factory.mktemp("gguf") / "model-f32.gguf", "f32")
+
+
+def test_llama_cpp_tokenizes_as_the_hf_tokenizer(client_model, gguf_f32):
+    llm = llama_cpp_model(gguf_f32, n_ctx=2048)
+    tokenizer = AutoTokenizer.from_pretrained(client_model)
+    for text in [*TRICKY, validation_text()]:
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer(text)["input_ids"], text[:40]
+    # add_bos as the HF tokenizer does it: minirope's tokenizer adds no special token to text
+    assert llm.tokenize(b"ROMEO:") == tokenizer("ROMEO:")["input_ids"]
+    assert llm.token_bos() == tokenizer.bos_token_id and llm.token_eos() == tokenizer.eos_token_id
+
+
+def test_llama_cpp_logits_match_minirope(client_model, gguf_f32):
+    llm = llama_cpp_model(gguf_f32)
+    model = MiniRopeForCausalLM.from_pretrained(client_model).eval()
+    tokenizer = AutoTokenizer.from_pretrained(client_model)
+    ids = [tokenizer.bos_token_id, *tokenizer(validation_text(400))["input_ids"]][:64]
+    llm.eval(ids)
+    theirs = np.array(llm.scores[: len(ids)])
+    with torch.no_grad():
+        ours = model(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(theirs[-1] - ours[-1]).max() < 1e-4
+    assert np.abs(theirs - ours).max() < 1e-4  # every position, not only the last
+
+
+@pytest.mark.parametrize("prompt", ["ROMEO:\n", "KING HENRY:\nOnce more unto the breach", "\n\nFirst Citizen:\n"])
+def test_llama_cpp_greedy_generation_is_token_identical(client_model, gguf_f32, prompt):
+    llm = llama_cpp_model(gguf_f32, n_ctx=128)
+    model = MiniRopeForCausalLM.from_pretrained(client_model).eval()
+    tokenizer = AutoTokenizer.from_pretrained(client_model)
+    prompt_ids = tokenizer(prompt)["input_ids"]
+    want = model.generate(torch.tensor([prompt_ids]), max_new_tokens=64, min_new_tokens=64, do_sample=False)
+    want = want[0, len(prompt_ids) :].tolist()
+    got = []
+    for token in llm.generate(prompt_ids, temp=0.0, top_k=1, reset=True):
+        got.append(token)
+        if len(got) == 64:
+            break
+    assert got == want
+
+
+@pytest.mark.parametrize(("outtype", "bound"), [("f16", 0.05), ("q8_0", 0.25)])
+def test_llama_cpp_runs_f16_and_q8_0(client_model, tmp_path, outtype, bound):
+    """Lower precision: last-position logits stay within `bound` of float32 (measured: see README)."""
+    path = export_gguf(client_model, tmp_path / f"model-{outtype}.gguf", outtype)
+    llm = llama_cpp_model(path)
+    tokenizer = AutoTokenizer.from_pretrained(client_model)
+    ids = [tokenizer.bos_token_id, *tokenizer(validation_text(400))["input_ids"]][:64]
+    llm.eval(ids)
+    with torch.no_grad():
+        ours = MiniRopeForCausalLM.from_pretrained(client_model).eval()(torch.tensor([ids])).logits[0, -1].numpy()
+    difference = np.abs(np.array(llm.scores[len(ids) - 1]) - ours).max()
+    print(f"{outtype}: max |logit difference| at the last position = {difference:.4f}")
+    assert 0 < difference < bound
+
+
+def test_export_refuses_what_it_cannot_write(client_model, tmp_path):
+    export_llama(client_model, tmp_path / "out")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        export_llama(client_model, tmp_path / "out")
+    with pytest.raises(ValueError, match="outtype"):
+        export_gguf(client_model, tmp_path / "x.gguf", "q4_k")
+    assert not (tmp_path / "x.gguf").exists()
+    dynamic = tmp_path / "dynamic"
+    model = MiniRopeForCausalLM.from_pretrained(client_model)
+    model.config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    model.save_pretrained(dynamic)
+    AutoTokenizer.from_pretrained(client_model).save_pretrained(dynamic)
+    with pytest.raises(ValueError, match="dynamic"):
+        export_gguf(dynamic, tmp_path / "dynamic.gguf")
+    assert not (tmp_path / "dynamic.gguf").exists()
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []  # no scratch left
+    result = subprocess.run(
+        [sys.executable, "-m", "minirope.export", "--model", str(tmp_path / "missing"), "--format", "llama",
+         "--output", str(tmp_path / "never")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 1 and "minirope-export: error:" in result.stderr
+    assert not (tmp_path / "never").exists()
