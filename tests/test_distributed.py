@@ -1,4 +1,5 @@
-"""The pretraining and fine-tuning scripts run unchanged on 2 processes (DDP, gloo on CPU).
+"""The pretraining and fine-tuning scripts run unchanged on 2 processes (DDP and FSDP2, gloo on CPU), and the
+model runs under transformers' tensor-parallel plan.
 
 Tolerance: the 2-process run sees the same global batch (2 x 4 blocks vs 1 x 8) in the same order, in
 fp32; only the order of the gradient summation differs (an all-reduce of two half-batch means), which
@@ -10,9 +11,13 @@ different learning-rate schedule moves the loss by > 1e-3).
 import json
 import subprocess
 import sys
+import textwrap
 
 import pytest
-from conftest import TINY_RUN
+import torch
+from conftest import TINY_RUN, random_model, tiny_config
+
+from minirope import MiniRopeForCausalLM
 
 TOLERANCE = 1e-5
 RUN = [*TINY_RUN, "--bf16", "False", "--max_steps", "10", "--eval_strategy", "no", "--save_strategy", "no",
@@ -50,6 +55,8 @@ def test_torchrun_two_processes_match_one(single_process, tmp_path):
             "minirope.training.pretrain", *RUN, "--per_device_train_batch_size", "4", "--output_dir",
             str(tmp_path)], tmp_path)  # fmt: skip
     assert_close(single_process, tmp_path)
+    summary = json.loads((tmp_path / "run_summary.json").read_text())
+    assert (summary["processes"], summary["distributed_type"]) == (2, "MULTI_CPU")
 
 
 def test_accelerate_launch_fine_tuning_runs_on_two_processes(tiny_pretrained, tmp_path):
@@ -60,3 +67,119 @@ def test_accelerate_launch_fine_tuning_runs_on_two_processes(tiny_pretrained, tm
     summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
     assert summary["steps"] == 4
     assert summary["after"]["eval_nats_per_token"] < summary["before"]["eval_nats_per_token"]
+
+
+FULLY_SHARDED = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+    from minirope import MiniRopeForCausalLM
+
+    folder, out, world = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if world > 1:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    model = MiniRopeForCausalLM.from_pretrained(folder, dtype=torch.float32).train()
+    if world > 1:
+        for layer in model.model.layers:  # one unit per decoder layer, as the shipped FSDP config wraps
+            fully_shard(layer)
+        fully_shard(model)
+        sharded = type(model.model.layers[0].self_attn.q_proj.weight).__name__
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = torch.randint(3, model.config.vocab_size, (6, 8, 16), generator=torch.Generator().manual_seed(0))
+    losses = []
+    for batch in data:  # the same global batch of 8 each step; each process takes its share
+        share = batch.chunk(world)[rank]
+        loss = model(share, labels=share).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        loss = loss.detach()
+        if world > 1:
+            dist.all_reduce(loss)
+        losses.append(loss.item() / world)
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        saved = MiniRopeForCausalLM.from_pretrained(folder)
+        saved.load_state_dict(state)
+        saved.save_pretrained(out)
+        json.dump({"losses": losses, "sharded": sharded if world > 1 else None}, open(out + "/fsdp.json", "w"))
+    """
+)
+
+
+def test_fully_sharded_fsdp2_matches_one_process_and_saves_a_folder_that_loads(tmp_path):
+    """FSDP2 (`fully_shard`, one unit per decoder layer) on 2 CPU processes, against the same optimizer steps on
+    one process with the whole batch: equal losses within float32 summation order (1e-5 relative), and a
+    gathered full state dict that saves and loads as a minirope folder.
+
+    The Trainer scripts cannot be run under FSDP on CPU: accelerate turns FSDP on only for GPU-like devices (a
+    `--cpu` launch with the FSDP config silently runs one plain process), so this drives `fully_shard` directly.
+    """
+    random_model(tiny_config("gqa")).save_pretrained(tmp_path / "model")
+    (tmp_path / "fsdp.py").write_text(FULLY_SHARDED)
+    launch([sys.executable, str(tmp_path / "fsdp.py"), str(tmp_path / "model"), str(tmp_path / "one"), "1"], tmp_path)
+    launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(tmp_path / "fsdp.py"),
+            str(tmp_path / "model"), str(tmp_path / "two"), "2"], tmp_path)  # fmt: skip
+    one, two = (json.loads((tmp_path / run / "fsdp.json").read_text()) for run in ("one", "two"))
+    assert two["sharded"] == "DTensor"
+    assert len(two["losses"]) == 6 and two["losses"][-1] < two["losses"][0]
+    for a, b in zip(one["losses"], two["losses"], strict=True):
+        assert abs(a - b) <= TOLERANCE * abs(a), (a, b)
+    sharded, single = (
+        MiniRopeForCausalLM.from_pretrained(tmp_path / "two"),
+        MiniRopeForCausalLM.from_pretrained(tmp_path / "one"),
+    )
+    for name, param in sharded.state_dict().items():
+        torch.testing.assert_close(param, single.state_dict()[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+TENSOR_PARALLEL = textwrap.dedent(
+    """
+    import sys
+    import torch
+    import torch.distributed as dist
+    import minirope
+    from transformers import AutoModelForCausalLM
+
+    folder, out = sys.argv[1], sys.argv[2]
+    model = AutoModelForCausalLM.from_pretrained(folder, tp_plan="auto", dtype=torch.float32)
+    ids = torch.randint(3, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    grads = {name: getattr(p.grad, "full_tensor", lambda g=p.grad: g)() for name, p in model.named_parameters()}
+    sharded = sorted(name for name, p in model.named_parameters() if type(p.data).__name__ == "DTensor")
+    if dist.get_rank() == 0:
+        torch.save({"loss": loss.detach(), "grads": grads, "sharded": sharded}, out)
+    """
+)
+
+
+def test_tensor_parallel_forward_and_backward_match_one_process(tmp_path):
+    """`tp_plan="auto"` (the config's `base_model_tp_plan`) on 2 processes: the projections become DTensors, which
+    take the standard linear (the oneDNN op has no sharding rule); loss and gradients equal one process's."""
+    model = random_model(tiny_config("gqa"))
+    model.save_pretrained(tmp_path / "model")
+    (tmp_path / "tp.py").write_text(TENSOR_PARALLEL)
+    launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(tmp_path / "tp.py"),
+            str(tmp_path / "model"), str(tmp_path / "out.pt")], tmp_path)  # fmt: skip
+    result = torch.load(tmp_path / "out.pt")
+    assert {name.rsplit(".", 2)[-2] for name in result["sharded"]} >= {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
+    model.train()
+    ids = torch.randint(3, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    torch.testing.assert_close(result["loss"], loss.detach(), rtol=1e-5, atol=0)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(result["grads"][name], param.grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -183,3 +183,13 @@ def reuse_freed_memory() -> bool:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3
     return bool(libc.mallopt(m_mmap_threshold, 32 * 2**20)) and bool(libc.mallopt(m_trim_threshold, 2**30))
+
+
+def parallelism(trainer: Trainer) -> dict:
+    """How the run was spread: processes, accelerate's distributed type (`NO`, `MULTI_CPU`, `MULTI_GPU`, `FSDP`,
+    ...) and, under FSDP, its version (2 = `fully_shard`)."""
+    accelerator = trainer.accelerator
+    described = {"processes": accelerator.num_processes, "distributed_type": accelerator.distributed_type.value}
+    if accelerator.is_fsdp2 or getattr(accelerator.state, "fsdp_plugin", None) is not None:
+        described["fsdp_version"] = accelerator.state.fsdp_plugin.fsdp_version
+    return described
