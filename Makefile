@@ -12,7 +12,9 @@ BIN := $(VENV)/bin
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
-# `make demo` installs the package alone; the test tools (pytest, ruff, peft, lm-eval) come with `make test`.
+# `make demo` installs the package alone; the test tools and the clients the tests run (pytest, ruff, peft,
+# lm-eval, TRL, onnxruntime, llama-cpp-python) come with `make test`. llama-cpp-python compiles llama.cpp:
+# its multimodal library is left out (not used), and the build uses both cores.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -20,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(BIN)/python -m pip install --quiet "$(TORCH)" -e ".[dev]"
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/python -m pip install --quiet "$(TORCH)" -e ".[dev]"
 	touch $@
 
 demo: install

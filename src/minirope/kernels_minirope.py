@@ -166,3 +166,28 @@ class LinearCrossEntropy(torch.autograd.Function):
             None,
             None,
         )
+
+
+def chunked_causal_lm_loss(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.LongTensor,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    shift_labels: torch.LongTensor | None = None,
+    **kwargs,
+) -> torch.Tensor:
+    """transformers' `ForCausalLMLoss` of `hidden_states @ weight.T` via `LinearCrossEntropy`, without the logits.
+
+    Args: hidden_states `(B, T, D)`; weight `(V, D)` (the LM head); labels `(B, T)` aligned with the inputs
+    (token t predicts label t + 1) or `shift_labels` already shifted; -100 is ignored.
+    Returns: the scalar float32 loss, in nats per counted target (or summed / `num_items_in_batch`).
+
+    Chunks hold about 2M logits (8 MiB in float32): large enough for efficient matrix products, small enough
+    to be reused from the allocator's free memory rather than freshly mapped each step.
+    """
+    if shift_labels is None:
+        shift_labels = nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
+    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
+    targets = shift_labels.reshape(-1).to(hidden.device)
+    chunk_size = max(1, 2**21 // weight.shape[0])
+    return LinearCrossEntropy.apply(hidden, weight, targets, num_items_in_batch, chunk_size)

@@ -39,7 +39,7 @@ from transformers.utils.generic import can_return_tuple, merge_with_config_defau
 from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_minirope import MiniRopeConfig
-from .kernels_minirope import LinearCrossEntropy, MiniRopeLinear
+from .kernels_minirope import MiniRopeLinear, chunked_causal_lm_loss
 
 
 class MiniRopeRMSNorm(nn.Module):
@@ -608,7 +608,7 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
         # A plain bias-free head can be fused with the loss; a wrapped one (e.g. PEFT LoRA) gets logits first.
         if skip_logits and type(self.lm_head) in (nn.Linear, MiniRopeLinear) and self.lm_head.bias is None:
             return CausalLMOutputWithPast(
-                loss=self.chunked_loss(outputs.last_hidden_state, labels, **kwargs),
+                loss=chunked_causal_lm_loss(outputs.last_hidden_state, self.lm_head.weight, labels, **kwargs),
                 past_key_values=outputs.past_key_values,
                 hidden_states=outputs.hidden_states,
                 attentions=outputs.attentions,
@@ -625,26 +625,6 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
-
-    def chunked_loss(
-        self,
-        hidden_states: torch.Tensor,
-        labels: torch.LongTensor,
-        num_items_in_batch: torch.Tensor | int | None = None,
-        shift_labels: torch.LongTensor | None = None,
-        **kwargs,
-    ) -> torch.Tensor:
-        """`ForCausalLMLoss` of `lm_head(hidden_states)` (`(B, T, D)`, labels `(B, T)`) via `LinearCrossEntropy`.
-
-        Chunks hold about 2M logits (8 MiB in float32): large enough for efficient matrix products, small
-        enough to be reused from the allocator's free memory rather than freshly mapped each step.
-        """
-        if shift_labels is None:  # token t predicts label t + 1, as in ForCausalLMLoss
-            shift_labels = nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
-        hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
-        targets = shift_labels.reshape(-1).to(hidden.device)
-        chunk_size = max(1, 2**21 // self.config.vocab_size)
-        return LinearCrossEntropy.apply(hidden, self.lm_head.weight, targets, num_items_in_batch, chunk_size)
 
 
 # Task heads: the forward passes, outputs and losses of transformers' generic heads, the ones Llama's own heads
