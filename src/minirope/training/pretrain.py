@@ -114,7 +114,7 @@ class PretrainingArguments(MiniRopeTrainingArguments):
     weight_decay: float = 0.1
     adam_beta2: float = 0.95
     max_grad_norm: float = 1.0
-    max_steps: int = 1800
+    max_steps: int = 2400
     warmup_steps: float = 40
     torch_compile: bool | None = field(
         default=None,
@@ -124,10 +124,10 @@ class PretrainingArguments(MiniRopeTrainingArguments):
         },
     )
     eval_strategy: str = "steps"
-    eval_steps: float = 900
+    eval_steps: float = 1200
     logging_steps: float = 25
     save_strategy: str = "steps"
-    save_steps: float = 900
+    save_steps: float = 1200
     save_total_limit: int | None = 1
 
     def __post_init__(self) -> None:
