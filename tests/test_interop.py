@@ -25,19 +25,22 @@ def logits(model, input_ids, attention_mask=None):
         return model(input_ids, attention_mask=attention_mask).logits
 
 
-def test_to_llama_and_back_give_identical_logits(tmp_path, layout):
+def test_to_llama_and_back_give_the_same_logits(tmp_path, layout):
+    """Same weights, same function: Llama's logits equal minirope's to float32 rounding (its products run on BLAS,
+    minirope's CPU products on oneDNN, which may sum in another order: 1.5e-5 apart seen on an AVX-512 machine);
+    minirope -> Llama -> minirope is bit-identical."""
     model = random_model(tiny_config(layout))
     input_ids, attention_mask, _ = left_padded_batch(model.config.vocab_size)
     want = logits(model, input_ids, attention_mask)
 
     llama = to_llama(model, save_directory=tmp_path)
     assert type(llama) is LlamaForCausalLM
-    assert torch.equal(logits(llama, input_ids, attention_mask), want)
+    torch.testing.assert_close(logits(llama, input_ids, attention_mask), want, rtol=0, atol=1e-4)
     # a plain Llama folder: no remote code, loads with transformers alone
     assert not (tmp_path / "modeling_minirope.py").exists()
     reloaded = LlamaForCausalLM.from_pretrained(tmp_path)
     assert reloaded.config.model_type == "llama"
-    assert torch.equal(logits(reloaded, input_ids, attention_mask), want)
+    assert torch.equal(logits(reloaded, input_ids, attention_mask), logits(llama, input_ids, attention_mask))
 
     for source in (llama, tmp_path):
         back = from_llama(source)
