@@ -31,6 +31,12 @@ import torch  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "recipe.json"
 PLOT = Path(__file__).parent.parent / "docs" / "recipe_wall_time.png"
+CURVES_PLOT = Path(__file__).parent.parent / "docs" / "recipe_curves.png"
+# Runs named "curve-SERIES@MINUTES" are drawn as one line per series in CURVES_PLOT.
+CURVE_LABELS = {
+    "wsd": "new recipe: warmup-stable-decay (last 25 %)",
+    "cosine": "the previous schedule: cosine (same model, batch, lr)",
+}
 
 
 def run(name: str, flags: list[str], keep: Path | None) -> dict:
@@ -63,6 +69,8 @@ def plot(results: dict) -> None:
     """Bits per byte against training time, one point per run, labelled with its name."""
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
     for name, result in sorted(results.items()):
+        if name.startswith("curve-"):
+            continue
         x, y = training_minutes(result), result["bits_per_byte"]
         ax.plot(x, y, "o", color="tab:red" if name.startswith("old") else "tab:blue")
         ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 3), fontsize=8)
@@ -72,6 +80,31 @@ def plot(results: dict) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(PLOT)
+    plt.close(fig)
+
+
+def plot_curves(results: dict) -> None:
+    """Bits per byte against training time for each "curve-SERIES@MINUTES" series (one run per point)."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for name, result in results.items():
+        if name.startswith("curve-"):
+            label = name.removeprefix("curve-").partition("@")[0]
+            series.setdefault(label, []).append((training_minutes(result), result["bits_per_byte"]))
+    if not series:
+        return
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+    for label, points in sorted(series.items()):
+        xs, ys = zip(*sorted(points), strict=True)
+        ax.plot(xs, ys, "o-", label=CURVE_LABELS.get(label, label))
+        for x, y in zip(xs, ys, strict=True):
+            ax.annotate(f"{y:.3f}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("training time (minutes: steps x median step time, 2-core CPU, float32)")
+    ax.set_ylabel("validation bits per byte (whole plays)")
+    ax.set_title("default model (hidden 64, batch 8, AdamW lr 3e-3): a separate run per budget")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(CURVES_PLOT)
     plt.close(fig)
 
 
@@ -97,6 +130,7 @@ def main() -> None:
     for name, result in sorted(results.items(), key=lambda item: item[1]["bits_per_byte"]):
         print(f"{name:24s} {result['bits_per_byte']:.4f} bits/byte in {training_minutes(result):.1f} min of training")
     plot(results)
+    plot_curves(results)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,8 @@
 
 `MiniRopeForCausalLM` and transformers' `LlamaForCausalLM` share module names, parameter names and math,
 so conversion is a config translation plus a strict state-dict copy. A plain Llama folder written by
-`to_llama(model, save_directory=...)` opens everything that reads Llama checkpoints: serving engines
-(vLLM, TGI, SGLang, llama.cpp's `convert_hf_to_gguf.py`, MLC), quantizers, and every transformers
-feature, with no remote code.
+`to_llama(model, save_directory=...)` loads with transformers alone, no remote code; `minirope-export`
+(`minirope.export`) adds the tokenizer and a model card, and writes GGUF (llama.cpp) and ONNX.
 
 RoPE layouts: transformers (and minirope) rotate the pairs `(x_i, x_{i+d/2})` (`rotate_half`); Meta's
 original Llama code and the complex-number form (`torch.polar`, `view_as_complex`) rotate interleaved
