@@ -139,6 +139,33 @@ def test_llama_cpp_logits_match_minirope(client_model, gguf_f32):
     assert np.abs(theirs - ours).max() < 1e-4  # every position, not only the last
 
 
+SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0},
+    "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16, "rope_theta": 10000.0},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("rope_type", SCALINGS)
+def test_llama_cpp_applies_the_rope_scaling(client_model, tmp_path, rope_type):
+    """Scaled RoPE survives the trip: llama.cpp's logits equal minirope's at every position up to 4x the
+    (pretended) original context, for each scaling GGUF can express."""
+    model = MiniRopeForCausalLM.from_pretrained(client_model)
+    model.config.rope_parameters = SCALINGS[rope_type]
+    model.save_pretrained(tmp_path / "scaled")
+    AutoTokenizer.from_pretrained(client_model).save_pretrained(tmp_path / "scaled")
+    scaled = MiniRopeForCausalLM.from_pretrained(tmp_path / "scaled").eval()
+    ids = torch.randint(3, scaled.config.vocab_size, (64,), generator=torch.Generator().manual_seed(0)).tolist()
+    llm = llama_cpp_model(export_gguf(tmp_path / "scaled", tmp_path / "scaled.gguf"))
+    llm.eval(ids)
+    with torch.no_grad():
+        ours = scaled(torch.tensor([ids])).logits[0].numpy()
+        unscaled = MiniRopeForCausalLM.from_pretrained(client_model).eval()(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(np.array(llm.scores[:64]) - ours).max() < 1e-4
+    assert np.abs(unscaled - ours).max() > 1e-2  # the scaling changes the function: the check above can fail
+
+
 @pytest.mark.parametrize("prompt", ["ROMEO:\n", "KING HENRY:\nOnce more unto the breach", "\n\nFirst Citizen:\n"])
 def test_llama_cpp_greedy_generation_is_token_identical(client_model, gguf_f32, prompt):
     llm = llama_cpp_model(gguf_f32, n_ctx=128)
