@@ -190,6 +190,7 @@ def parallelism(trainer: Trainer) -> dict:
     ...) and, under FSDP, its version (2 = `fully_shard`)."""
     accelerator = trainer.accelerator
     described = {"processes": accelerator.num_processes, "distributed_type": accelerator.distributed_type.value}
-    if accelerator.is_fsdp2 or getattr(accelerator.state, "fsdp_plugin", None) is not None:
-        described["fsdp_version"] = accelerator.state.fsdp_plugin.fsdp_version
+    fsdp_plugin = getattr(accelerator.state, "fsdp_plugin", None)  # absent unless FSDP was set up
+    if fsdp_plugin is not None:
+        described["fsdp_version"] = fsdp_plugin.fsdp_version
     return described
