@@ -187,7 +187,11 @@ def export_gguf(model_dir: str | Path, output: str | Path, outtype: str = "f32",
             f"pre-tokenizer {type(backend.pre_tokenizer).__name__}): GGUF export supports minirope's own tokenizer."
         )
     output = Path(output)
-    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}
+    file_type = {
+        "f32": gguf.LlamaFileType.ALL_F32,
+        "f16": gguf.LlamaFileType.MOSTLY_F16,
+        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    }[outtype]
     with staged(output, overwrite) as path:
         writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
         writer.add_name(Path(model_dir).name)
@@ -202,7 +206,7 @@ def export_gguf(model_dir: str | Path, output: str | Path, outtype: str = "f32",
         writer.add_value_length(config.head_dim)
         writer.add_rope_dimension_count(config.head_dim)
         writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-        writer.add_file_type(file_type.get(outtype, gguf.LlamaFileType.MOSTLY_Q8_0))
+        writer.add_file_type(file_type)
         rope_freqs = gguf_rope_scaling(config, writer, gguf)
 
         tokens, types = gguf_vocabulary(tokenizer, config.vocab_size, gguf)
@@ -282,22 +286,29 @@ def export_onnx(model_dir: str | Path, output: str | Path, overwrite: bool = Fal
     return output
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Parse flags and write the export. Raises ValueError for an unknown format (exit 1 through `run_cli`)."""
+def run(argv: list[str] | None = None) -> Path:
+    """Parse `argv` (default: the command line), write the export and return its path.
 
-    def export() -> None:
-        (args,) = HfArgumentParser(ExportArguments).parse_args_into_dataclasses(args=argv)
-        if args.format not in FORMATS:
-            raise ValueError(f"--format {args.format!r} is not one of {', '.join(FORMATS)}.")
-        if args.format == "gguf":
-            path = export_gguf(args.model, args.output, args.outtype, args.overwrite)
-        elif args.format == "onnx":
-            path = export_onnx(args.model, args.output, args.overwrite)
-        else:
-            path = export_llama(args.model, args.output, args.overwrite)
-        print(f"minirope-export: wrote {path}", file=sys.stderr)
+    Raises:
+        ValueError: an unknown format or outtype, or a model the target cannot express.
+        OSError: no loadable model and tokenizer in `--model`.
+        FileExistsError: the output exists and `--overwrite` is not set.
+    """
+    (args,) = HfArgumentParser(ExportArguments).parse_args_into_dataclasses(args=argv)
+    if args.format not in FORMATS:
+        raise ValueError(f"--format {args.format!r} is not one of {', '.join(FORMATS)}.")
+    if args.format == "gguf":
+        path = export_gguf(args.model, args.output, args.outtype, args.overwrite)
+    elif args.format == "onnx":
+        path = export_onnx(args.model, args.output, args.overwrite)
+    else:
+        path = export_llama(args.model, args.output, args.overwrite)
+    print(f"minirope-export: wrote {path}", file=sys.stderr)
+    return path
 
-    run_cli("minirope-export", export)
+
+def main() -> None:
+    run_cli("minirope-export", run)
 
 
 if __name__ == "__main__":
