@@ -80,3 +80,27 @@ def test_trainer_asks_for_the_loss_alone_in_training_steps_only(tmp_path):
     model.eval()
     trainer.compute_loss(model, batch)
     assert seen == [True, None]
+
+
+def test_compiled_model_computes_the_loss_from_logits_with_eager_gradients(monkeypatch):
+    """Under torch.compile the fused loss is not used (its gradients came out zero there on CUDA, torch 2.11,
+    so compiled training did not learn): the compiled model's loss and gradients equal the eager model's."""
+    import minirope.modeling_minirope as modeling
+
+    model = random_model(tiny_config(), attn="eager").train()
+    input_ids = torch.randint(3, model.config.vocab_size, (2, 24))
+    eager = model(input_ids=input_ids, labels=input_ids, skip_logits=True).loss
+    eager.backward()
+    expected = {name: param.grad.clone() for name, param in model.named_parameters()}
+    model.zero_grad()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the fused loss ran inside torch.compile")
+
+    monkeypatch.setattr(modeling, "chunked_causal_lm_loss", refuse)
+    compiled = torch.compile(model, backend="aot_eager")  # the autograd tracing that broke, without Inductor's build
+    loss = compiled(input_ids=input_ids, labels=input_ids, skip_logits=True).loss
+    loss.backward()
+    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-6)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)

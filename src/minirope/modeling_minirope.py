@@ -606,7 +606,10 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
             **kwargs,
         )
         # A plain bias-free head can be fused with the loss; a wrapped one (e.g. PEFT LoRA) gets logits first.
-        if skip_logits and type(self.lm_head) in (nn.Linear, MiniRopeLinear) and self.lm_head.bias is None:
+        # Not inside torch.compile: there the fused function's gradients came out zero (measured on CUDA with
+        # torch 2.11), and Inductor fuses the head and the loss itself.
+        fusable = type(self.lm_head) in (nn.Linear, MiniRopeLinear) and self.lm_head.bias is None
+        if skip_logits and fusable and not torch.compiler.is_compiling():
             return CausalLMOutputWithPast(
                 loss=chunked_causal_lm_loss(outputs.last_hidden_state, self.lm_head.weight, labels, **kwargs),
                 past_key_values=outputs.past_key_values,
