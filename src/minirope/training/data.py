@@ -31,6 +31,7 @@ never seen in training, not even a neighbouring line.
 """
 
 import json
+import random
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -155,6 +156,20 @@ class TextDataArguments:
         default=None, metadata={"help": "Keep only this many validation sequences (default: the whole split)."}
     )
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenizing."})
+    repeat_fraction: float = field(
+        default=0.0,
+        metadata={
+            "help": "Share of training blocks in which a passage is repeated later in the block, to teach "
+            "copying from far back (see minirope.training.data.insert_repeats). Validation text is never changed."
+        },
+    )
+    repeat_length: int = field(default=64, metadata={"help": "Longest repeated passage, in tokens."})
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.repeat_fraction <= 1.0:
+            raise ValueError(f"--repeat_fraction must be in [0, 1], got {self.repeat_fraction}: e.g. 0.25.")
+        if self.repeat_length < 1:
+            raise ValueError(f"--repeat_length must be >= 1 token, got {self.repeat_length}.")
 
 
 def data_description(args: TextDataArguments) -> str | None:
@@ -309,37 +324,98 @@ def pack_documents(
 
 
 def score_windows(
-    examples: dict[str, list[list[int]]], block_size: int, prefix: int, pad_token_id: int
+    examples: dict[str, list[list[int]]], block_size: int, prefix: int, pad_token_id: int, stride: int | None = None
 ) -> dict[str, list[list[int]]]:
     """Evaluation windows: each document alone as `[prefix] + doc`, in windows of `block_size` tokens
-    starting every `block_size - 1` tokens (one token of overlap), so every document token is predicted
-    exactly once. `labels` equal `input_ids` (the model shifts them, so a window's first token is context
-    only), -100 on the padding of the last window; causal attention never lets a real token see the
-    padding after it, so no attention mask is needed."""
-    stride = block_size - 1
+    starting every `stride` tokens, so that every document token is predicted exactly once.
+
+    `stride = block_size - 1` (the default: one token of overlap) scores every token of every window: a
+    token's context is whatever precedes it in its window (on average half a window). A smaller stride
+    (sliding windows) scores only the last `stride` tokens of each window after the first, so every scored
+    token sees at least `block_size - stride` tokens before it: the way to measure what a longer context
+    buys. `labels` equal `input_ids` (the model shifts them, so a window's first token is context only),
+    -100 on the padding of the last window and on the tokens an earlier window scored; causal attention
+    never lets a real token see the padding after it, so no attention mask is needed.
+
+    Raises:
+        ValueError: `stride` is not in `[1, block_size - 1]`.
+    """
+    stride = block_size - 1 if stride is None else stride
+    if not 1 <= stride <= block_size - 1:
+        raise ValueError(f"the scoring stride must be in [1, block_size - 1 = {block_size - 1}], got {stride}.")
+    context_only = block_size - stride  # leading tokens of a later window that an earlier window scored
     blocks, labels = [], []
     for doc in examples["input_ids"]:
         ids = [prefix, *doc]
-        for start in range(0, len(ids) - 1, stride):
+        for start in range(0, max(1, len(ids) - context_only), stride):
             window = ids[start : start + block_size]
             padding = block_size - len(window)
+            # label 0 is never a target (the model shifts labels): kept, as the first window keeps it
+            scored = window if start == 0 else window[:1] + [IGNORE_INDEX] * (context_only - 1) + window[context_only:]
             blocks.append(window + [pad_token_id] * padding)
-            labels.append(window + [IGNORE_INDEX] * padding)
+            labels.append(scored + [IGNORE_INDEX] * padding)
     return {"input_ids": blocks, "labels": labels}
 
 
-def tokenize_and_block(
-    raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, data_args: TextDataArguments, training_args: TrainingArguments
-) -> tuple[Dataset, Dataset]:
-    """Tokenize every document whole, then pack `train` into blocks and cut `validation` into scoring windows.
+def insert_repeats(
+    examples: dict[str, list[list[int]]],
+    indices: list[int],
+    fraction: float,
+    max_length: int,
+    seed: int,
+) -> dict[str, list[list[int]]]:
+    """Teach copying: in a `fraction` of the training blocks, a passage of the block is written again
+    further on, over the text there, so predicting the repeat only needs a look back.
 
-    Raises:
-        ValueError: a bad document (see `tokenize_documents`), or the training text is shorter than one block.
+    Natural text repeats too rarely for a small model to learn this (the default model trained without it
+    scores a repeated passage like fresh text). Long-context fine-tuning data mixes add such documents for
+    the same reason (passkey and retrieval data). Per chosen block of length B: a passage length L uniform
+    in `[max_length // 4, max_length]`, a gap D uniform in `[0, B - 2L]` (so long look-backs are as
+    common as short ones), a start s uniform in `[0, B - 2L - D]`; tokens `[s, s + L)` are copied to
+    `[s + L + D, s + 2L + D)`. Which blocks, and where, depends only on `(seed, block index)`: the same
+    blocks under any number of processes and on resume. Labels follow the new `input_ids`.
     """
+    blocks, labels = [], []
+    for index, block in zip(indices, examples["input_ids"], strict=True):
+        rng = random.Random(f"{seed}-{index}")
+        block = list(block)
+        length = min(max_length, len(block) // 2)
+        if rng.random() < fraction and length >= 1:
+            length = rng.randint(max(1, length // 4), length)
+            gap = rng.randint(0, len(block) - 2 * length)
+            start = rng.randint(0, len(block) - 2 * length - gap)
+            block[start + length + gap : start + 2 * length + gap] = block[start : start + length]
+        blocks.append(block)
+        labels.append(list(block))
+    return {"input_ids": blocks, "labels": labels}
+
+
+def validation_windows(
+    tokenized: Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    block_size: int,
+    stride: int | None = None,
+    num_proc: int | None = None,
+) -> Dataset:
+    """`score_windows` over tokenized validation documents (column `input_ids`), framed by `document_frame`."""
     bos, eos = document_frame(tokenizer)
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    return tokenized.map(
+        score_windows,
+        batched=True,
+        remove_columns=tokenized.column_names,
+        fn_kwargs={"block_size": block_size, "prefix": (bos or eos)[0], "pad_token_id": pad_token_id, "stride": stride},
+        num_proc=num_proc,
+        desc=f"Cutting validation documents into windows of {block_size}" + (f", stride {stride}" if stride else ""),
+    )
+
+
+def tokenize_corpus(
+    raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, data_args: TextDataArguments, training_args: TrainingArguments
+) -> DatasetDict:
+    """Every document's token ids (column `input_ids`), each document tokenized whole (`tokenize_documents`)."""
     with training_args.main_process_first(desc="tokenizing"):
-        tokenized = raw.map(
+        return raw.map(
             tokenize_documents,
             batched=True,
             batch_size=64,  # whole documents: a batch of 64 plays or files is already megabytes
@@ -348,7 +424,23 @@ def tokenize_and_block(
             num_proc=data_args.preprocessing_num_workers,
             desc="Tokenizing documents",
         )
-        train = tokenized["train"].map(
+
+
+def training_blocks(
+    tokenized: Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    data_args: TextDataArguments,
+    training_args: TrainingArguments,
+) -> Dataset:
+    """Tokenized training documents packed into blocks of `data_args.block_size` (`pack_documents`), with a
+    repeated passage in `data_args.repeat_fraction` of them (`insert_repeats`).
+
+    Raises:
+        ValueError: the training text is shorter than one block.
+    """
+    bos, eos = document_frame(tokenizer)
+    with training_args.main_process_first(desc="packing"):
+        train = tokenized.map(
             pack_documents,
             batched=True,
             batch_size=1_000,
@@ -356,22 +448,44 @@ def tokenize_and_block(
             num_proc=data_args.preprocessing_num_workers,
             desc=f"Packing training documents into blocks of {data_args.block_size}",
         )
-        validation = tokenized["validation"].map(
-            score_windows,
-            batched=True,
-            remove_columns=["input_ids"],
-            fn_kwargs={"block_size": data_args.block_size, "prefix": (bos or eos)[0], "pad_token_id": pad_token_id},
-            num_proc=data_args.preprocessing_num_workers,
-            desc=f"Cutting validation documents into windows of {data_args.block_size}",
-        )
+        if data_args.repeat_fraction > 0:
+            train = train.map(
+                insert_repeats,
+                batched=True,
+                with_indices=True,
+                fn_kwargs={
+                    "fraction": data_args.repeat_fraction,
+                    "max_length": data_args.repeat_length,
+                    "seed": training_args.seed,
+                },
+                desc=f"Repeating a passage in {data_args.repeat_fraction:.0%} of the blocks",
+            )
     if len(train) == 0:
-        tokens = sum(len(bos) + len(ids) + len(eos) for ids in tokenized["train"]["input_ids"])
+        tokens = sum(len(bos) + len(ids) + len(eos) for ids in tokenized["input_ids"])
         raise ValueError(
             f"the training text is {tokens} tokens, shorter than one block of --block_size "
             f"{data_args.block_size}: lower --block_size or give more text."
         )
     if data_args.max_train_samples is not None:
         train = train.select(range(min(len(train), data_args.max_train_samples)))
+    return train
+
+
+def tokenize_and_block(
+    raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, data_args: TextDataArguments, training_args: TrainingArguments
+) -> tuple[Dataset, Dataset]:
+    """Tokenize every document whole, then pack `train` into blocks (`training_blocks`) and cut `validation`
+    into scoring windows (`validation_windows`).
+
+    Raises:
+        ValueError: a bad document (see `tokenize_documents`), or the training text is shorter than one block.
+    """
+    tokenized = tokenize_corpus(raw, tokenizer, data_args, training_args)
+    train = training_blocks(tokenized["train"], tokenizer, data_args, training_args)
+    with training_args.main_process_first(desc="windowing"):
+        validation = validation_windows(
+            tokenized["validation"], tokenizer, data_args.block_size, num_proc=data_args.preprocessing_num_workers
+        )
     if data_args.max_eval_samples is not None:
         validation = validation.select(range(min(len(validation), data_args.max_eval_samples)))
     return train, validation

@@ -21,7 +21,8 @@ def plot_loss_curve(log_history: list[dict], path: str | Path, title: str) -> No
     ax.set_ylabel("cross-entropy (nats / token)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if train or valid:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
