@@ -139,7 +139,7 @@ def test_repeat_test_scores_the_repeat_against_the_first_occurrence():
         assert repeat_test(wrong, tokenizer, documents, (distance,), passage_tokens=20, samples=4)[0]["ratio"] > 0.5
 
 
-def test_tiny_extension_end_to_end(tiny_pretrained, tmp_path):
+def test_tiny_extension_end_to_end(tiny_pretrained, tmp_path, monkeypatch, capsys):
     out = tmp_path / "extended"
     summary = extend.run(
         ["--model_name_or_path", str(tiny_pretrained), "--rope_type", "yarn", *TINY_EXTEND, "--output_dir", str(out)]
@@ -164,6 +164,10 @@ def test_tiny_extension_end_to_end(tiny_pretrained, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids).logits, llama(input_ids).logits, atol=1e-4, rtol=1e-4)
     assert json.loads((out / "run_summary.json").read_text())["rope_type"] == "yarn"
+    # Extending the extended folder again is refused (its factor would compound): extend the base instead.
+    again = tmp_path / "again"
+    err = cli_error(extend.main, ["--model_name_or_path", str(out), "--output_dir", str(again)], monkeypatch, capsys)
+    assert "already scaled" in err and not again.exists()
 
 
 @pytest.mark.parametrize(
