@@ -412,15 +412,18 @@ def validation_windows(
 
 
 def tokenize_corpus(
-    raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, data_args: TextDataArguments, training_args: TrainingArguments
-) -> DatasetDict:
+    raw: DatasetDict | Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    data_args: TextDataArguments,
+    training_args: TrainingArguments,
+) -> DatasetDict | Dataset:
     """Every document's token ids (column `input_ids`), each document tokenized whole (`tokenize_documents`)."""
     with training_args.main_process_first(desc="tokenizing"):
         return raw.map(
             tokenize_documents,
             batched=True,
             batch_size=64,  # whole documents: a batch of 64 plays or files is already megabytes
-            remove_columns=raw["train"].column_names,
+            remove_columns=["text", "source"],
             fn_kwargs={"tokenizer": tokenizer},
             num_proc=data_args.preprocessing_num_workers,
             desc="Tokenizing documents",

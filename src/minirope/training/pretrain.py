@@ -14,6 +14,7 @@ recipe's own defaults are those of `PretrainingArguments` below. The same script
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,9 +29,12 @@ from minirope.training.data import (
     data_description,
     load_text_datasets,
     tokenize_and_block,
+    tokenize_corpus,
+    validation_windows,
 )
 from minirope.training.metrics import LanguageModelingMetrics, per_token_loss
 from minirope.training.output import check_output_dir, finish_run, model_card
+from minirope.training.stream import stream_blocks, stream_documents, tokenizer_sample, validation_documents
 from minirope.training.throughput import ThroughputCallback, training_flops_per_token
 from minirope.training.tokenizer import load_or_train_tokenizer, token_byte_lengths
 from minirope.training.trainer import (
@@ -91,6 +95,17 @@ class DataArguments(TextDataArguments):
     )
     tokenizer_vocab_size: int | None = field(
         default=None, metadata={"help": "Vocabulary of the BPE to train; default MiniRopeConfig().vocab_size."}
+    )
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Read the training documents as a stream (--train_file shards/globs of .txt/.jsonl/.parquet, or "
+            "--dataset_name): memory and start-up do not grow with the corpus. Needs --max_steps."
+        },
+    )
+    tokenizer_sample_bytes: int = field(
+        default=50_000_000,
+        metadata={"help": "With --streaming: train the tokenizer on the stream's first documents up to this size."},
     )
     sample_prompt: str = field(default=SAMPLE_PROMPT, metadata={"help": "Prompt of the sample printed at the end."})
     sample_max_new_tokens: int = field(default=120, metadata={"help": "Length of that sample."})
@@ -178,8 +193,9 @@ def sample(model, tokenizer, prompt: str, max_new_tokens: int, seed: int) -> str
     return tokenizer.decode(output[0], skip_special_tokens=True)
 
 
-def load_tokenizer(data_args: DataArguments, texts, output_dir: Path, resume: str | None):
-    """The tokenizer: a given one, the checkpoint's when resuming, the output folder's, or a new BPE."""
+def load_tokenizer(data_args: DataArguments, texts: Callable[[], list[str]], output_dir: Path, resume: str | None):
+    """The tokenizer: a given one, the checkpoint's when resuming, the output folder's, or a new BPE trained on
+    `texts()` (called only then)."""
     source = data_args.tokenizer_name_or_path or (
         resume if resume and (Path(resume) / "tokenizer.json").is_file() else None
     )
@@ -204,13 +220,28 @@ def run(argv: list[str] | None = None) -> dict:
     output_dir = Path(training_args.output_dir)
     resume = resolve_resume(training_args)
 
-    raw = load_text_datasets(data_args)
-    tokenizer, reused = load_tokenizer(data_args, raw["train"]["text"], output_dir, resume)
+    if data_args.streaming:
+        if training_args.max_steps <= 0:
+            raise ValueError("--streaming needs --max_steps > 0: a stream has no length to count epochs in.")
+        train_stream = stream_documents(data_args)
+        tokenizer, reused = load_tokenizer(
+            data_args, lambda: tokenizer_sample(train_stream, data_args.tokenizer_sample_bytes), output_dir, resume
+        )
+    else:
+        raw = load_text_datasets(data_args)
+        tokenizer, reused = load_tokenizer(data_args, lambda: raw["train"]["text"], output_dir, resume)
     print(f"[minirope] tokenizer: {'reused' if reused else 'trained'}, {len(tokenizer)} tokens")
 
     config = build_config(model_args, data_args, tokenizer)
     check_output_dir(output_dir, config, overwrite=training_args.overwrite_output_dir or resume is not None)
-    train_dataset, eval_dataset = tokenize_and_block(raw, tokenizer, data_args, training_args)
+    if data_args.streaming:
+        validation = tokenize_corpus(validation_documents(data_args), tokenizer, data_args, training_args)
+        eval_dataset = validation_windows(validation, tokenizer, data_args.block_size)
+        if data_args.max_eval_samples is not None:
+            eval_dataset = eval_dataset.select(range(min(len(eval_dataset), data_args.max_eval_samples)))
+        train_dataset = stream_blocks(train_stream, tokenizer, data_args, training_args)
+    else:
+        train_dataset, eval_dataset = tokenize_and_block(raw, tokenizer, data_args, training_args)
     model = MiniRopeForCausalLM._from_config(
         config, attn_implementation=model_args.attn_implementation or default_attention(training_args)
     )
@@ -224,7 +255,8 @@ def run(argv: list[str] | None = None) -> dict:
     )
     n_params = model.num_parameters()
     print(
-        f"[minirope] model: {n_params / 1e6:.2f}M parameters, {len(train_dataset)} training blocks and "
+        f"[minirope] model: {n_params / 1e6:.2f}M parameters, "
+        f"{'streamed' if data_args.streaming else len(train_dataset)} training blocks and "
         f"{len(eval_dataset)} validation blocks of {data_args.block_size} tokens"
     )
 

@@ -5,7 +5,7 @@ vocabulary string stands for exactly one UTF-8 byte, which `token_byte_lengths` 
 the bits-per-byte metric.
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -38,9 +38,10 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
 
 
 def load_or_train_tokenizer(
-    path: str | Path, texts: Iterable[str], vocab_size: int
+    path: str | Path, texts: Callable[[], Iterable[str]], vocab_size: int
 ) -> tuple[PreTrainedTokenizerBase, bool]:
-    """The tokenizer saved at `path` if it has `vocab_size` entries, else a new one trained on `texts`.
+    """The tokenizer saved at `path` if it has `vocab_size` entries, else a new one trained on `texts()`
+    (called only then: with a stream it reads the sample).
 
     Returns `(tokenizer, reused)`. A trained tokenizer is not saved here: it is saved with the model.
     """
@@ -48,7 +49,7 @@ def load_or_train_tokenizer(
         tokenizer = AutoTokenizer.from_pretrained(path)
         if len(tokenizer) == vocab_size:
             return tokenizer, True
-    return train_tokenizer(texts, vocab_size), False
+    return train_tokenizer(texts(), vocab_size), False
 
 
 def token_byte_lengths(tokenizer: PreTrainedTokenizerBase) -> np.ndarray:

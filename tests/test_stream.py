@@ -1,0 +1,113 @@
+"""`minirope-pretrain --streaming`: local shards (.txt, .jsonl, .parquet, globs) give the in-memory path's blocks,
+2 processes read the stream without training a block twice, and bad shards stop with an error naming them."""
+
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import TINY_RUN
+from test_bad_input import assert_no_model, cli_error
+from test_distributed import assert_close, launch
+from transformers import TrainingArguments
+
+from minirope.training import pretrain
+from minirope.training.data import TextDataArguments, load_text_datasets, shakespeare_plays, tokenize_and_block
+from minirope.training.stream import first_blocks, stream_blocks, stream_documents
+from minirope.training.tokenizer import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Six plays as three .txt shards, the same six as two .jsonl shards and as one .parquet, and a validation file."""
+    folder = tmp_path_factory.mktemp("shards")
+    plays = list(shakespeare_plays().values())
+    texts, validation = plays[:6], plays[-1]
+    for i, text in enumerate(texts[:3]):
+        (folder / f"a-{i}.txt").write_text(text, encoding="utf-8")
+    for name, rows in (("b-0.jsonl", texts[3:5]), ("b-1.jsonl", texts[5:])):
+        (folder / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in rows), encoding="utf-8")
+    pq.write_table(pa.table({"text": texts[3:]}), folder / "c.parquet")
+    (folder / "valid.txt").write_text(validation, encoding="utf-8")
+    return folder, texts
+
+
+def test_streamed_blocks_equal_the_in_memory_blocks(shards, tmp_path):
+    folder, texts = shards
+    tokenizer = train_tokenizer(texts, vocab_size=512)
+    training_args = TrainingArguments(str(tmp_path))
+    files = [str(folder / f"a-{i}.txt") for i in range(3)] + [str(tmp_path / f"d-{i}.txt") for i in range(3, 6)]
+    for i in range(3, 6):
+        (tmp_path / f"d-{i}.txt").write_text(texts[i], encoding="utf-8")
+    in_memory_args = TextDataArguments(train_file=files, validation_file=[str(folder / "valid.txt")], block_size=64)
+    expected = tokenize_and_block(load_text_datasets(in_memory_args), tokenizer, in_memory_args, training_args)[0]
+    expected = expected["input_ids"]
+    assert len(expected) > 1000
+    # The same documents as .txt shards given by a glob, and as .txt + .jsonl or .txt + .parquet shards.
+    for train_file in (
+        [str(folder / "a-*.txt"), str(tmp_path / "d-*.txt")],
+        [str(folder / "a-*.txt"), str(folder / "b-*.jsonl")],
+        [str(folder / "a-*.txt"), str(folder / "c.parquet")],
+    ):
+        args = TextDataArguments(train_file=train_file, block_size=64)
+        blocks = first_blocks(stream_blocks(stream_documents(args), tokenizer, args, training_args), len(expected) + 5)
+        assert blocks == expected, train_file
+
+
+def test_tiny_streaming_pretraining_runs_and_two_processes_match_one(shards, tmp_path):
+    """Two processes under torchrun: the Trainer dispatches each global batch from the stream that process 0
+    reads (accelerate's dispatch_batches, its default for an IterableDataset), so no block is trained twice
+    and the losses equal one process with the same global batch."""
+    folder, _ = shards
+    run = [*TINY_RUN, "--streaming", "True", "--train_file", str(folder / "a-*.txt"), "--validation_file",
+           str(folder / "valid.txt"), "--bf16", "False", "--max_steps", "10", "--eval_strategy", "no",
+           "--save_strategy", "no", "--logging_steps", "1", "--seed", "1"]  # fmt: skip
+    single, double = tmp_path / "single", tmp_path / "double"
+    launch([sys.executable, "-m", "minirope.training.pretrain", *run, "--per_device_train_batch_size", "8",
+            "--output_dir", str(single)], tmp_path)  # fmt: skip
+    launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "minirope.training.pretrain",
+            *run, "--per_device_train_batch_size", "4", "--output_dir", str(double)], tmp_path)  # fmt: skip
+    assert_close(single, double)
+    summary = json.loads((double / "run_summary.json").read_text())
+    assert summary["processes"] == 2 and summary["train_tokens"] == 10 * 8 * 32
+
+
+def stream_error(tmp_path, monkeypatch, capsys, *argv) -> str:
+    out = tmp_path / "out"
+    err = cli_error(
+        pretrain.main, [*TINY_RUN, "--streaming", "True", "--output_dir", str(out), *argv], monkeypatch, capsys
+    )
+    assert err.startswith("minirope-pretrain: error: ")
+    assert_no_model(out)
+    return err
+
+
+def test_bad_shards(shards, tmp_path, monkeypatch, capsys):
+    folder, _ = shards
+    valid = ["--validation_file", str(folder / "valid.txt")]
+    assert "matches no file" in stream_error(
+        tmp_path, monkeypatch, capsys, "--train_file", str(tmp_path / "none-*.txt"), *valid
+    )
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("ROMEO: caf\u00e9\n".encode("latin-1") * 50)
+    err = stream_error(tmp_path, monkeypatch, capsys, "--train_file", str(folder / "a-0.txt"), str(latin1), *valid)
+    assert str(latin1) in err and "not UTF-8" in err
+    no_text = tmp_path / "no-text.jsonl"
+    no_text.write_text(json.dumps({"content": "ROMEO: hi"}) + "\n")
+    err = stream_error(tmp_path, monkeypatch, capsys, "--train_file", str(no_text), *valid)
+    assert f"{no_text} line 1 has no 'text' field" in err and "--text_column" in err
+    err = stream_error(
+        tmp_path, monkeypatch, capsys, "--train_file", str(folder / "a-0.txt"), *valid, "--max_steps", "0"
+    )
+    assert "--streaming needs --max_steps" in err
+
+
+def test_real_process_exit_code_for_a_glob_that_matches_nothing(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "minirope.training.pretrain", "--streaming", "True", "--train_file",
+         str(tmp_path / "*.jsonl"), "--output_dir", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1 and "matches no file" in result.stderr.strip().splitlines()[-1]
