@@ -28,6 +28,24 @@ def test_metrics_use_the_median_step_after_warm_up():
     assert math.isclose(metrics["mfu"], 2e6 * 1000 / 0.5 / 1e10)
 
 
+def test_first_step_and_step_interval_times(monkeypatch):
+    """Wall time to the end of the first step (from the run's start), and between step ends (data loading in)."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    clock = iter([10.0, 12.0, 12.5, 13.0, 14.0, 14.5])  # begin/end of 3 steps; the run began at 7
+    monkeypatch.setattr("minirope.training.throughput.time.perf_counter", lambda: next(clock))
+    callback = ThroughputCallback(tokens_per_step=1000, flops_per_token=2e6, warmup_steps=0, run_started=7.0)
+    args, state, control = TrainingArguments("unused"), TrainerState(), TrainerControl()
+    for _ in range(3):
+        callback.on_step_begin(args, state, control)
+        callback.on_step_end(args, state, control)
+    callback.peak_flops = 1e10
+    metrics = callback.metrics()
+    assert metrics["first_step_seconds"] == 5.0  # 12.0 - 7.0
+    assert metrics["step_seconds"] == 0.5  # step bodies 2.0, 0.5, 0.5
+    assert metrics["step_interval_seconds"] == 1.25  # step ends 12.0, 13.0, 14.5
+
+
 def test_matmul_peak_is_a_plausible_rate():
     flops = matmul_peak_flops(size=256, repeats=2)
     assert 1e8 < flops < 1e15  # between 0.1 GFLOP/s and 1 PFLOP/s

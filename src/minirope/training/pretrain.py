@@ -263,7 +263,9 @@ def run(argv: list[str] | None = None) -> dict:
     process_tokens_per_step = data_args.block_size * (
         training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps
     )
-    throughput = ThroughputCallback(process_tokens_per_step, training_flops_per_token(config, data_args.block_size))
+    throughput = ThroughputCallback(
+        process_tokens_per_step, training_flops_per_token(config, data_args.block_size), run_started=started
+    )
     trainer = MiniRopeTrainer(
         model=model,
         callbacks=[throughput],

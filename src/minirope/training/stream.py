@@ -5,7 +5,7 @@ globs; `.txt` is one document per file, `.jsonl` and `.parquet` one per row, fro
 Hub dataset streamed with `datasets` (`--dataset_name`). Each shard is read only when the stream reaches
 it, as a `datasets.IterableDataset` (`IterableDataset.from_generator`, one shard per file). The documents go
 through the same functions as the in-memory path (`tokenize_documents`, `pack_documents` with the same
-batch of 1,000 documents, `insert_repeats`), so both paths give the same blocks on the same data.
+batch of `DOCUMENTS_PER_BATCH` documents, `insert_repeats`), so both paths give the same blocks on the same data.
 
 Bad shards stop the run with an error that names the shard (a run that silently skipped data would train
 on a corpus nobody chose): a glob that matches nothing, a missing, empty or non-UTF-8 file, a JSON line
@@ -22,6 +22,7 @@ from datasets import Dataset, IterableDataset, load_dataset
 from transformers import PreTrainedTokenizerBase, TrainingArguments
 
 from minirope.training.data import (
+    DOCUMENTS_PER_BATCH,
     TextDataArguments,
     check_text_file,
     document_frame,
@@ -179,13 +180,13 @@ def stream_blocks(
     blocks = stream.map(
         tokenize_documents,
         batched=True,
-        batch_size=64,
+        batch_size=DOCUMENTS_PER_BATCH,
         remove_columns=["text", "source"],
         fn_kwargs={"tokenizer": tokenizer},
     ).map(
         pack_documents,
         batched=True,
-        batch_size=1_000,
+        batch_size=DOCUMENTS_PER_BATCH,
         fn_kwargs={"block_size": data_args.block_size, "bos": bos, "eos": eos},
     )
     if data_args.repeat_fraction > 0:

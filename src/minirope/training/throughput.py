@@ -57,9 +57,20 @@ class ThroughputCallback(TrainerCallback):
         tokens_per_step: tokens one process trains on per optimizer step (batch x block x accumulation).
         flops_per_token: from `training_flops_per_token`.
         warmup_steps: first steps left out (they include torch.compile's compilation).
+        run_started: `time.perf_counter()` when the run began; then `first_step_seconds` is the time from
+            there to the end of the first optimizer step (data preparation, tokenizer, model set-up included).
+
+    It also keeps the wall time between consecutive step ends (`step_interval_seconds`, median after
+    warm-up), which includes what happens between steps: fetching the next batch from the data loader
+    (reading and tokenizing, for a stream) and logging.
     """
 
-    def __init__(self, tokens_per_step: int, flops_per_token: float, warmup_steps: int = 10):
+    def __init__(
+        self, tokens_per_step: int, flops_per_token: float, warmup_steps: int = 10, run_started: float | None = None
+    ):
+        self.run_started = run_started
+        self.first_step_seconds: float | None = None
+        self.step_ends: list[float] = []
         self.tokens_per_step = tokens_per_step
         self.flops_per_token = flops_per_token
         self.warmup_steps = warmup_steps
@@ -82,7 +93,11 @@ class ThroughputCallback(TrainerCallback):
         self._started = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.step_seconds.append(time.perf_counter() - self._started)
+        now = time.perf_counter()
+        self.step_seconds.append(now - self._started)
+        self.step_ends.append(now)
+        if self.first_step_seconds is None and self.run_started is not None:
+            self.first_step_seconds = now - self.run_started
 
     def metrics(self) -> dict:
         """Median step time after warm-up, tokens/s and model FLOP/s per process, the matmul peak and MFU.
@@ -94,7 +109,13 @@ class ThroughputCallback(TrainerCallback):
             return {}
         seconds = statistics.median(timed)
         achieved = self.flops_per_token * self.tokens_per_step / seconds
+        ends = self.step_ends[self.warmup_steps :]
+        intervals = [later - earlier for earlier, later in zip(ends, ends[1:], strict=False)]
+        extra = {} if self.first_step_seconds is None else {"first_step_seconds": round(self.first_step_seconds, 2)}
+        if intervals:
+            extra["step_interval_seconds"] = round(statistics.median(intervals), 4)
         return {
+            **extra,
             "step_seconds": round(seconds, 4),
             "tokens_per_second": round(self.tokens_per_step / seconds, 1),
             "model_tflops": round(achieved / 1e12, 4),
