@@ -111,3 +111,55 @@ def test_real_process_exit_code_for_a_glob_that_matches_nothing(tmp_path):
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 1 and "matches no file" in result.stderr.strip().splitlines()[-1]
+
+
+def test_sigkill_then_resume_continues_the_stream_from_the_checkpoint(tmp_path):
+    """Killed after a checkpoint, the run resumes from the stream position saved in it (accelerate's stateful
+    data loader): the first shards are made unreadable before resuming, so re-reading the stream from its
+    start would stop with an error; the losses and the final validation loss equal an uninterrupted run's."""
+    import random
+    import signal
+    import time
+
+    rng = random.Random(0)
+    words = "the of and to my is that in you not me it with be his your this but he have".split()
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for shard in range(150):  # 20 short documents per shard
+        rows = ["ROMEO:\n" + " ".join(rng.choice(words) for _ in range(8)) + "\n" for _ in range(20)]
+        (shards / f"s-{shard:03d}.jsonl").write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
+    (tmp_path / "valid.txt").write_text("ROMEO:\n" + " ".join(rng.choice(words) for _ in range(400)) + "\n")
+    run = [*TINY_RUN, "--streaming", "True", "--train_file", str(shards / "s-*.jsonl"), "--validation_file",
+           str(tmp_path / "valid.txt"), "--bf16", "False", "--max_steps", "200", "--save_steps", "20",
+           "--eval_strategy", "no", "--save_total_limit", "2", "--seed", "7", "--max_train_samples", "5000"]  # fmt: skip
+    want = pretrain.run([*run, "--output_dir", str(tmp_path / "uninterrupted")])
+
+    out = tmp_path / "killed"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "minirope.training.pretrain", *run, "--output_dir", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 240
+    while not (out / "checkpoint-20" / "stream_state.json").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL
+    for shard in ("s-000.jsonl", "s-001.jsonl"):  # consumed before any checkpoint: must not be read again
+        (shards / shard).write_bytes("caf\u00e9\n".encode("latin-1") * 10)
+
+    got = pretrain.run([*run, "--output_dir", str(out), "--resume_from_checkpoint", "last"])
+    relative = abs(got["eval_nats_per_token"] - want["eval_nats_per_token"]) / want["eval_nats_per_token"]
+    assert relative <= 1e-4, (got["eval_nats_per_token"], want["eval_nats_per_token"])
+    losses = [
+        [
+            entry["loss"]
+            for entry in json.loads((folder / "trainer_state.json").read_text())["log_history"]
+            if "loss" in entry
+        ]
+        for folder in (tmp_path / "uninterrupted", out)
+    ]
+    assert len(losses[0]) == len(losses[1]) == 100
+    for a, b in zip(*losses, strict=True):
+        assert abs(a - b) <= 1e-4 * abs(a), (a, b)

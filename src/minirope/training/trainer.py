@@ -3,14 +3,17 @@
 import ctypes
 import ctypes.util
 import inspect
+import json
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import HfArgumentParser, Trainer, TrainingArguments
-from transformers.trainer_utils import unwrap_peft_model
+from transformers import HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_peft_model
+
+STREAM_STATE = "stream_state.json"
 
 
 def bf16_is_faster(device: torch.device, size: int = 512) -> bool:
@@ -88,6 +91,22 @@ class MiniRopeTrainer(Trainer):
         # Decided once, as Trainer decides `model_accepts_loss_kwargs` (a LoRA model reports its base model's).
         model = unwrap_peft_model(self.accelerator.unwrap_model(self.model))
         self.model_accepts_skip_logits = "skip_logits" in inspect.signature(model.forward).parameters
+        self.stream_state: dict | None = None
+        if isinstance(self.train_dataset, torch.utils.data.IterableDataset):
+            # accelerate's stateful data loader (torchdata) knows how far the stream was read, prefetching and
+            # batch dispatching accounted for; its state goes into every checkpoint (`StreamPosition`).
+            self.accelerator.dataloader_config.use_stateful_dataloader = True
+            self.add_callback(StreamPosition(self))
+
+    def train(self, resume_from_checkpoint=None, **kwargs):
+        """`Trainer.train`; resuming a stream from a checkpoint that holds its position continues the stream
+        from there instead of reading and skipping every batch already trained (`ignore_data_skip`)."""
+        state_file = Path(resume_from_checkpoint) / STREAM_STATE if isinstance(resume_from_checkpoint, str) else None
+        streaming = self.accelerator.dataloader_config.use_stateful_dataloader
+        if streaming and state_file is not None and state_file.is_file():
+            self.stream_state = json.loads(state_file.read_text())
+            self.args.ignore_data_skip = True
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         loss = super().training_step(model, inputs, num_items_in_batch)
@@ -112,6 +131,23 @@ class MiniRopeTrainer(Trainer):
 
     def create_model_card(self, *args, **kwargs) -> None:
         """minirope writes its own card (`minirope.training.output.model_card`) before any push."""
+
+
+class StreamPosition(TrainerCallback):
+    """Saves the training stream's position (the data loader's `state_dict()`) as `stream_state.json` in each
+    checkpoint, and restores it when training resumes from one (see `MiniRopeTrainer.train`)."""
+
+    def __init__(self, trainer: "MiniRopeTrainer") -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        if self.trainer.stream_state is not None:
+            train_dataloader.load_state_dict(self.trainer.stream_state)
+
+    def on_save(self, args, state, control, train_dataloader=None, **kwargs):
+        if state.is_world_process_zero:
+            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            (folder / STREAM_STATE).write_text(json.dumps(train_dataloader.state_dict()))
 
 
 def resolve_resume(training_args: TrainingArguments) -> str | None:
