@@ -131,7 +131,8 @@ def test_sigkill_then_resume_continues_the_stream_from_the_checkpoint(tmp_path):
     (tmp_path / "valid.txt").write_text("ROMEO:\n" + " ".join(rng.choice(words) for _ in range(400)) + "\n")
     run = [*TINY_RUN, "--streaming", "True", "--train_file", str(shards / "s-*.jsonl"), "--validation_file",
            str(tmp_path / "valid.txt"), "--bf16", "False", "--max_steps", "200", "--save_steps", "20",
-           "--eval_strategy", "no", "--save_total_limit", "2", "--seed", "7", "--max_train_samples", "5000"]  # fmt: skip
+           "--eval_strategy", "no", "--save_total_limit", "2", "--seed", "7",
+           "--max_train_samples", "5000"]  # fmt: skip  (more blocks than 200 steps use: no second pass)
     want = pretrain.run([*run, "--output_dir", str(tmp_path / "uninterrupted")])
 
     out = tmp_path / "killed"
