@@ -2,6 +2,7 @@
 2 processes read the stream without training a block twice, and bad shards stop with an error naming them."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -57,21 +58,27 @@ def test_streamed_blocks_equal_the_in_memory_blocks(shards, tmp_path):
 
 
 def test_tiny_streaming_pretraining_runs_and_two_processes_match_one(shards, tmp_path):
-    """Two processes under torchrun: the Trainer dispatches each global batch from the stream that process 0
-    reads (accelerate's dispatch_batches, its default for an IterableDataset), so no block is trained twice
-    and the losses equal one process with the same global batch."""
+    """Two processes under torchrun: each reads the stream and keeps its half of every global batch, so no
+    block is trained twice and the losses equal one process with the same global batch; resumed from a
+    checkpoint's stream position, the 2 processes end where the uninterrupted run ends."""
     folder, _ = shards
     run = [*TINY_RUN, "--streaming", "True", "--train_file", str(folder / "a-*.txt"), "--validation_file",
            str(folder / "valid.txt"), "--bf16", "False", "--max_steps", "10", "--eval_strategy", "no",
-           "--save_strategy", "no", "--logging_steps", "1", "--seed", "1"]  # fmt: skip
-    single, double = tmp_path / "single", tmp_path / "double"
+           "--save_steps", "5", "--save_total_limit", "3", "--logging_steps", "1", "--seed", "1",
+           "--max_train_samples", "1000"]  # fmt: skip
+    single, double, resumed = tmp_path / "single", tmp_path / "double", tmp_path / "resumed"
+    two = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "minirope.training.pretrain",
+           *run, "--per_device_train_batch_size", "4"]  # fmt: skip
     launch([sys.executable, "-m", "minirope.training.pretrain", *run, "--per_device_train_batch_size", "8",
             "--output_dir", str(single)], tmp_path)  # fmt: skip
-    launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "minirope.training.pretrain",
-            *run, "--per_device_train_batch_size", "4", "--output_dir", str(double)], tmp_path)  # fmt: skip
+    launch([*two, "--output_dir", str(double)], tmp_path)
     assert_close(single, double)
     summary = json.loads((double / "run_summary.json").read_text())
     assert summary["processes"] == 2 and summary["train_tokens"] == 10 * 8 * 32
+    shutil.copytree(double / "checkpoint-5", resumed / "checkpoint-5")
+    assert (resumed / "checkpoint-5" / "stream_state.json").is_file()
+    launch([*two, "--output_dir", str(resumed), "--resume_from_checkpoint", "last"], tmp_path)
+    assert_close(double, resumed)
 
 
 def stream_error(tmp_path, monkeypatch, capsys, *argv) -> str:
@@ -129,10 +136,29 @@ def test_sigkill_then_resume_continues_the_stream_from_the_checkpoint(tmp_path):
         rows = ["ROMEO:\n" + " ".join(rng.choice(words) for _ in range(8)) + "\n" for _ in range(20)]
         (shards / f"s-{shard:03d}.jsonl").write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
     (tmp_path / "valid.txt").write_text("ROMEO:\n" + " ".join(rng.choice(words) for _ in range(400)) + "\n")
-    run = [*TINY_RUN, "--streaming", "True", "--train_file", str(shards / "s-*.jsonl"), "--validation_file",
-           str(tmp_path / "valid.txt"), "--bf16", "False", "--max_steps", "200", "--save_steps", "20",
-           "--eval_strategy", "no", "--save_total_limit", "2", "--seed", "7",
-           "--max_train_samples", "5000"]  # fmt: skip  (more blocks than 200 steps use: no second pass)
+    run = [
+        *TINY_RUN,
+        "--streaming",
+        "True",
+        "--train_file",
+        str(shards / "s-*.jsonl"),
+        "--validation_file",
+        str(tmp_path / "valid.txt"),
+        "--bf16",
+        "False",
+        "--max_steps",
+        "200",
+        "--save_steps",
+        "20",
+        "--eval_strategy",
+        "no",
+        "--save_total_limit",
+        "2",
+        "--seed",
+        "7",
+        "--max_train_samples",
+        "5000",
+    ]  # fmt: skip  (more blocks than 200 steps use: no second pass)
     want = pretrain.run([*run, "--output_dir", str(tmp_path / "uninterrupted")])
 
     out = tmp_path / "killed"

@@ -34,7 +34,13 @@ from minirope.training.data import (
 )
 from minirope.training.metrics import LanguageModelingMetrics, per_token_loss
 from minirope.training.output import check_output_dir, finish_run, model_card
-from minirope.training.stream import stream_blocks, stream_documents, tokenizer_sample, validation_documents
+from minirope.training.stream import (
+    WholeStream,
+    stream_blocks,
+    stream_documents,
+    tokenizer_sample,
+    validation_documents,
+)
 from minirope.training.throughput import ThroughputCallback, training_flops_per_token
 from minirope.training.tokenizer import load_or_train_tokenizer, token_byte_lengths
 from minirope.training.trainer import (
@@ -239,7 +245,7 @@ def run(argv: list[str] | None = None) -> dict:
         eval_dataset = validation_windows(validation, tokenizer, data_args.block_size)
         if data_args.max_eval_samples is not None:
             eval_dataset = eval_dataset.select(range(min(len(eval_dataset), data_args.max_eval_samples)))
-        train_dataset = stream_blocks(train_stream, tokenizer, data_args, training_args)
+        train_dataset = WholeStream(stream_blocks(train_stream, tokenizer, data_args, training_args))
     else:
         train_dataset, eval_dataset = tokenize_and_block(raw, tokenizer, data_args, training_args)
     model = MiniRopeForCausalLM._from_config(

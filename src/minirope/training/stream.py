@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
 
+import torch
 from datasets import Dataset, IterableDataset, load_dataset
 from transformers import PreTrainedTokenizerBase, TrainingArguments
 
@@ -203,6 +204,29 @@ def stream_blocks(
     if data_args.max_train_samples is not None:
         blocks = blocks.take(data_args.max_train_samples)
     return blocks
+
+
+class WholeStream(torch.utils.data.IterableDataset):
+    """The training stream as every process reads it: all of it, each process keeping its part of every global
+    batch (accelerate's `IterableDatasetShard`), so the global batches are exactly one process's.
+
+    Given a `datasets.IterableDataset` of at least as many shards as processes, accelerate would instead give
+    each process its own shards (`IterableDataset.shard`): different batches than one process, and a stream
+    position that differs per process. This plain torch wrapper keeps the first behaviour; it passes the
+    stream's position through (`state_dict`/`load_state_dict`) for checkpoints.
+    """
+
+    def __init__(self, dataset: IterableDataset) -> None:
+        self.dataset = dataset
+
+    def __iter__(self):
+        return iter(self.dataset)
+
+    def state_dict(self) -> dict:
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.dataset.load_state_dict(state_dict)
 
 
 def first_blocks(blocks: IterableDataset, count: int) -> list[list[int]]:

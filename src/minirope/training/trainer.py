@@ -93,9 +93,14 @@ class MiniRopeTrainer(Trainer):
         self.model_accepts_skip_logits = "skip_logits" in inspect.signature(model.forward).parameters
         self.stream_state: dict | None = None
         if isinstance(self.train_dataset, torch.utils.data.IterableDataset):
-            # accelerate's stateful data loader (torchdata) knows how far the stream was read, prefetching and
-            # batch dispatching accounted for; its state goes into every checkpoint (`StreamPosition`).
+            # A stream: accelerate's stateful data loader (torchdata) knows how far it was read, and its state goes
+            # into every checkpoint (`StreamPosition`). Every process reads the stream and keeps its part of each
+            # global batch (accelerate's IterableDatasetShard; see `stream.WholeStream`): the same global batches
+            # as one process, and the same, exact position in every process. With batch dispatching (accelerate's
+            # default for a stream: process 0 reads and sends) the saved position counted a prefetched batch and
+            # a resumed run drifted.
             self.accelerator.dataloader_config.use_stateful_dataloader = True
+            self.accelerator.dataloader_config.dispatch_batches = False
             self.add_callback(StreamPosition(self))
 
     def train(self, resume_from_checkpoint=None, **kwargs):
