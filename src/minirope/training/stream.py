@@ -26,10 +26,8 @@ from minirope.training.data import (
     DOCUMENTS_PER_BATCH,
     TextDataArguments,
     check_text_file,
-    document_frame,
     documents,
-    insert_repeats,
-    pack_documents,
+    pack_and_repeat,
     shakespeare_dataset,
     tokenize_documents,
 )
@@ -176,31 +174,15 @@ def stream_blocks(
     data_args: TextDataArguments,
     training_args: TrainingArguments,
 ) -> IterableDataset:
-    """Documents -> blocks on the fly, with the in-memory path's functions and batch sizes (`training_blocks`)."""
-    bos, eos = document_frame(tokenizer)
-    blocks = stream.map(
+    """Documents -> blocks on the fly, with the in-memory path's functions and batches (`pack_and_repeat`)."""
+    tokenized = stream.map(
         tokenize_documents,
         batched=True,
         batch_size=DOCUMENTS_PER_BATCH,
         remove_columns=["text", "source"],
         fn_kwargs={"tokenizer": tokenizer},
-    ).map(
-        pack_documents,
-        batched=True,
-        batch_size=DOCUMENTS_PER_BATCH,
-        fn_kwargs={"block_size": data_args.block_size, "bos": bos, "eos": eos},
     )
-    if data_args.repeat_fraction > 0:
-        blocks = blocks.map(
-            insert_repeats,
-            batched=True,
-            with_indices=True,
-            fn_kwargs={
-                "fraction": data_args.repeat_fraction,
-                "max_length": data_args.repeat_length,
-                "seed": training_args.seed,
-            },
-        )
+    blocks = pack_and_repeat(tokenized, tokenizer, data_args, training_args.seed)
     if data_args.max_train_samples is not None:
         blocks = blocks.take(data_args.max_train_samples)
     return blocks
