@@ -190,3 +190,17 @@ def test_sigkill_then_resume_continues_the_stream_from_the_checkpoint(tmp_path):
     assert len(losses[0]) == len(losses[1]) == 100
     for a, b in zip(*losses, strict=True):
         assert abs(a - b) <= 1e-4 * abs(a), (a, b)
+
+
+def test_streaming_a_dataset_by_name(shards, tmp_path):
+    """`--dataset_name` streams the `train` split with `datasets` (here a local folder, as the Hub is offline in CI;
+    `load_dataset` resolves both alike) and evaluates on its `validation` split."""
+    _, texts = shards
+    dataset = tmp_path / "my-dataset"
+    dataset.mkdir()
+    (dataset / "train.jsonl").write_text("".join(json.dumps({"content": t}) + "\n" for t in texts[:3]))
+    (dataset / "validation.jsonl").write_text(json.dumps({"content": texts[3][:20000]}) + "\n")
+    out = tmp_path / "out"
+    flags = ["--streaming", "True", "--dataset_name", str(dataset), "--text_column", "content"]
+    metrics = pretrain.run([*TINY_RUN, *flags, "--output_dir", str(out)])
+    assert metrics["eval_bits_per_byte"] > 0 and (out / "model.safetensors").is_file()
