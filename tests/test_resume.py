@@ -15,21 +15,23 @@ RUN = [*TINY_RUN, "--bf16", "False", "--max_steps", "120", "--save_steps", "10",
        "--max_train_samples", "400", "--save_total_limit", "2", "--seed", "7"]  # fmt: skip
 
 
+def kill_when_written(command: list[str], path) -> None:
+    """Run `command` and SIGKILL it as soon as `path` exists (failing if it ends or 240 s pass first)."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not path.exists():
+        assert process.poll() is None and time.monotonic() < deadline, f"{path} was not written before the run ended"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL
+
+
 def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
     want = pretrain.run([*RUN, "--output_dir", str(tmp_path / "uninterrupted")])
 
     out = tmp_path / "killed"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "minirope.training.pretrain", *RUN, "--output_dir", str(out)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 240
-    while not (out / "checkpoint-10" / "trainer_state.json").exists():
-        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
-        time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    assert process.wait() == -signal.SIGKILL
+    kill_when_written([sys.executable, "-m", "minirope.training.pretrain", *RUN, "--output_dir", str(out)],
+                      out / "checkpoint-10" / "trainer_state.json")  # fmt: skip
     # the killed run left checkpoints, and no folder that looks like a finished model
     assert not (out / "config.json").exists() and not (out / "model.safetensors").exists()
     killed_at = json.loads((out / "checkpoint-10" / "trainer_state.json").read_text())["global_step"]

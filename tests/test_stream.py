@@ -12,6 +12,7 @@ import pytest
 from conftest import TINY_RUN
 from test_bad_input import assert_no_model, cli_error
 from test_distributed import assert_close, launch
+from test_resume import kill_when_written
 from transformers import TrainingArguments
 
 from minirope.training import pretrain
@@ -125,8 +126,6 @@ def test_sigkill_then_resume_continues_the_stream_from_the_checkpoint(tmp_path):
     data loader): the first shards are made unreadable before resuming, so re-reading the stream from its
     start would stop with an error; the losses and the final validation loss equal an uninterrupted run's."""
     import random
-    import signal
-    import time
 
     rng = random.Random(0)
     words = "the of and to my is that in you not me it with be his your this but he have".split()
@@ -136,43 +135,16 @@ def test_sigkill_then_resume_continues_the_stream_from_the_checkpoint(tmp_path):
         rows = ["ROMEO:\n" + " ".join(rng.choice(words) for _ in range(8)) + "\n" for _ in range(20)]
         (shards / f"s-{shard:03d}.jsonl").write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
     (tmp_path / "valid.txt").write_text("ROMEO:\n" + " ".join(rng.choice(words) for _ in range(400)) + "\n")
-    run = [
-        *TINY_RUN,
-        "--streaming",
-        "True",
-        "--train_file",
-        str(shards / "s-*.jsonl"),
-        "--validation_file",
-        str(tmp_path / "valid.txt"),
-        "--bf16",
-        "False",
-        "--max_steps",
-        "200",
-        "--save_steps",
-        "20",
-        "--eval_strategy",
-        "no",
-        "--save_total_limit",
-        "2",
-        "--seed",
-        "7",
-        "--max_train_samples",
-        "5000",
-    ]  # fmt: skip  (more blocks than 200 steps use: no second pass)
+    # --max_train_samples: more blocks than 200 steps use, so the stream is never read a second time
+    run = [*TINY_RUN, "--streaming", "True", "--train_file", str(shards / "s-*.jsonl"), "--validation_file",
+           str(tmp_path / "valid.txt"), "--bf16", "False", "--max_steps", "200", "--save_steps", "20",
+           "--eval_strategy", "no", "--save_total_limit", "2", "--seed", "7",
+           "--max_train_samples", "5000"]  # fmt: skip
     want = pretrain.run([*run, "--output_dir", str(tmp_path / "uninterrupted")])
 
     out = tmp_path / "killed"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "minirope.training.pretrain", *run, "--output_dir", str(out)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 240
-    while not (out / "checkpoint-20" / "stream_state.json").exists():
-        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
-        time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    assert process.wait() == -signal.SIGKILL
+    kill_when_written([sys.executable, "-m", "minirope.training.pretrain", *run, "--output_dir", str(out)],
+                      out / "checkpoint-20" / "stream_state.json")  # fmt: skip
     for shard in ("s-000.jsonl", "s-001.jsonl"):  # consumed before any checkpoint: must not be read again
         (shards / shard).write_bytes("caf\u00e9\n".encode("latin-1") * 10)
 
