@@ -33,7 +33,7 @@ never seen in training, not even a neighbouring line.
 import json
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -207,6 +207,22 @@ def check_text_file(path: str | Path) -> str:
         ) from None
 
 
+def json_lines(path: str | Path) -> Iterator[tuple[int, object]]:
+    """`(line number, parsed value)` for each non-blank line of a JSON-lines file.
+
+    Raises:
+        FileNotFoundError, ValueError: the file is missing, empty or not UTF-8 (`check_text_file`), or a line
+            is not JSON (naming the file and line).
+    """
+    for number, line in enumerate(check_text_file(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} line {number} is not JSON ({error.msg}): write one object per line.") from None
+
+
 def load_prompt_completion(train_files: list[str], validation_files: list[str]) -> DatasetDict:
     """JSON-lines files of `{"prompt": ..., "completion": ...}` rows, as a `DatasetDict`.
 
@@ -218,15 +234,7 @@ def load_prompt_completion(train_files: list[str], validation_files: list[str]) 
     for split, paths in (("train", train_files), ("validation", validation_files)):
         rows = []
         for path in paths:
-            for number, line in enumerate(check_text_file(path).splitlines(), start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise ValueError(
-                        f"{path} line {number} is not JSON ({error.msg}): write one object per line."
-                    ) from None
+            for number, row in json_lines(path):
                 if not (
                     isinstance(row, dict)
                     and isinstance(row.get("prompt"), str)

@@ -13,7 +13,6 @@ that does not parse, a row or file without the text column.
 """
 
 import glob
-import json
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
@@ -27,6 +26,7 @@ from minirope.training.data import (
     TextDataArguments,
     check_text_file,
     documents,
+    json_lines,
     pack_and_repeat,
     shakespeare_dataset,
     tokenize_documents,
@@ -66,13 +66,7 @@ def read_shard(path: str, text_column: str) -> Iterator[dict[str, str]]:
     if suffix == ".txt":
         yield {"text": check_text_file(path), "source": path}
     elif suffix == ".jsonl":
-        for number, line in enumerate(check_text_file(path).splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"shard {path} line {number} is not JSON ({error.msg}): fix or remove it.") from None
+        for number, row in json_lines(path):
             yield {"text": _text(row, text_column, f"{path} line {number}"), "source": f"{path} line {number}"}
     else:
         import pyarrow.parquet as pq
