@@ -44,9 +44,8 @@ from minirope.training.data import (
     training_blocks,
     validation_windows,
 )
-from minirope.training.metrics import LanguageModelingMetrics, per_token_loss
+from minirope.training.metrics import language_model_metrics
 from minirope.training.output import check_output_dir, finish_run, model_card
-from minirope.training.tokenizer import token_byte_lengths
 from minirope.training.trainer import (
     MiniRopeTrainer,
     MiniRopeTrainingArguments,
@@ -248,8 +247,7 @@ def run(argv: list[str] | None = None) -> dict:
         train_dataset=train_dataset,
         data_collator=default_data_collator,
         processing_class=tokenizer,
-        compute_metrics=LanguageModelingMetrics(token_byte_lengths(tokenizer)),
-        preprocess_logits_for_metrics=per_token_loss,
+        **language_model_metrics(tokenizer),
     )
     before = evaluate_at(trainer, windows, "before")
     repeats_before = repeat_test(model, tokenizer, documents, distances, samples=model_args.repeat_samples)

@@ -40,9 +40,8 @@ from minirope.training.data import (
     play_dataset,
     tokenize_and_block,
 )
-from minirope.training.metrics import IGNORE_INDEX, LanguageModelingMetrics, per_token_loss
+from minirope.training.metrics import IGNORE_INDEX, language_model_metrics
 from minirope.training.output import check_output_dir, finish_run, model_card
-from minirope.training.tokenizer import token_byte_lengths
 from minirope.training.trainer import (
     MiniRopeTrainer,
     MiniRopeTrainingArguments,
@@ -217,8 +216,7 @@ def run(argv: list[str] | None = None) -> dict:
         eval_dataset=eval_dataset,
         data_collator=collator,
         processing_class=tokenizer,
-        compute_metrics=LanguageModelingMetrics(token_byte_lengths(tokenizer)),
-        preprocess_logits_for_metrics=per_token_loss,
+        **language_model_metrics(tokenizer),
     )
     before = trainer.evaluate(metric_key_prefix="eval")
     train_result = trainer.train(resume_from_checkpoint=resume)

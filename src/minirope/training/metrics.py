@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from transformers import EvalPrediction
 
+from minirope.training.tokenizer import token_byte_lengths
+
 IGNORE_INDEX = -100
 
 
@@ -58,3 +60,13 @@ class LanguageModelingMetrics:
             "scored_tokens": tokens,
             "scored_bytes": num_bytes,
         }
+
+
+def language_model_metrics(tokenizer) -> dict:
+    """The two `Trainer` arguments that make `evaluate()` report exact nats per token, perplexity and bits per
+    byte: `compute_metrics` (`LanguageModelingMetrics` over the tokenizer's byte lengths) and the
+    `preprocess_logits_for_metrics` it needs (`per_token_loss`)."""
+    return {
+        "compute_metrics": LanguageModelingMetrics(token_byte_lengths(tokenizer)),
+        "preprocess_logits_for_metrics": per_token_loss,
+    }

@@ -32,7 +32,7 @@ from minirope.training.data import (
     tokenize_corpus,
     validation_windows,
 )
-from minirope.training.metrics import LanguageModelingMetrics, per_token_loss
+from minirope.training.metrics import language_model_metrics
 from minirope.training.output import check_output_dir, finish_run, model_card
 from minirope.training.stream import (
     WholeStream,
@@ -42,7 +42,7 @@ from minirope.training.stream import (
     validation_documents,
 )
 from minirope.training.throughput import ThroughputCallback, training_flops_per_token
-from minirope.training.tokenizer import load_or_train_tokenizer, token_byte_lengths
+from minirope.training.tokenizer import load_or_train_tokenizer
 from minirope.training.trainer import (
     MiniRopeTrainer,
     MiniRopeTrainingArguments,
@@ -280,8 +280,7 @@ def run(argv: list[str] | None = None) -> dict:
         eval_dataset=eval_dataset,
         data_collator=default_data_collator,  # equal-length blocks: no padding, no attention mask
         processing_class=tokenizer,
-        compute_metrics=LanguageModelingMetrics(token_byte_lengths(tokenizer)),
-        preprocess_logits_for_metrics=per_token_loss,
+        **language_model_metrics(tokenizer),
     )
     train_result = trainer.train(resume_from_checkpoint=resume)
     eval_metrics = final_evaluation(trainer)
