@@ -1,23 +1,27 @@
-"""Streaming benchmark: memory and start-up of `minirope-pretrain --streaming` do not grow with the corpus,
-and reading the stream does not slow the training step.
+"""Streaming benchmark: memory and start-up of `minirope-pretrain --streaming` grow with neither the corpus nor its
+documents, and reading the stream does not slow the training step.
 
-Generates two corpora of JSON-lines shards from the bundled training plays, shuffled and repeated (one
-play per row): about 10 MB (1 shard) and about 1 GB (100 shards of 10 MB). Then runs, each in its own
-process under `/usr/bin/time`:
+Generates corpora from the bundled training plays (shuffled, repeated, cut to size) in three shapes:
 
-  stream-10MB, stream-1GB   --streaming over the shards, `--max_steps` 60: peak resident memory and the
-                            time from the start of the run to the end of the first optimizer step
-  in-memory, stream-plays   the default recipe's data (the bundled plays) in memory and streamed, 200 steps:
-                            median step time and median wall time between step ends (batch fetching in)
+    1KB-jsonl   documents of ~1 kB, one per JSON line, in shards of 100 MB
+    1MB-txt     documents of ~1 MB, one per .txt file
+    500MB-txt   one .txt document of 500 MB
 
-All runs use the same tokenizer (trained once on the training plays and passed with
-`--tokenizer_name_or_path`, so start-up does not include training one).
+at several total sizes, then runs each corpus in its own process under `/usr/bin/time` with the default model,
+`--streaming`, `--max_steps 60`: peak resident memory, the time from the start of the run to the end of the first
+optimizer step, and the median step time. All runs use the same tokenizer, trained once on the training plays and
+passed with `--tokenizer_name_or_path`, so that start-up does not include training one; two more runs train the
+tokenizer on a sample (`--tokenizer_sample_bytes`) of the largest corpora, and three alternating pairs compare the
+default recipe's data (the bundled plays) in memory and streamed over 200 steps (median step time and step-end
+interval; the host's noise between runs of the same work is larger than the difference, hence the pairs).
 
-    python benchmarks/streaming.py                   # ~4 min on 2 CPU cores, 1.1 GB of disk in --dir
+    python benchmarks/streaming.py                  # ~35 min on 2 CPU cores, ~5 GB of disk in --dir
+    python benchmarks/streaming.py --sections compare
 """
 
 import argparse
 import json
+import platform
 import random
 import subprocess
 import sys
@@ -27,24 +31,44 @@ from pathlib import Path
 from minirope.training.data import VALIDATION_PLAYS, shakespeare_plays
 from minirope.training.tokenizer import train_tokenizer
 
-SHARD_BYTES = 10_000_000
+MB = 1_000_000
 
 
-def write_corpus(folder: Path, total_bytes: int, plays: list[str], seed: int = 0) -> None:
-    """JSON-lines shards of ~10 MB, plays drawn at random (with repetition) until `total_bytes` of text."""
-    if folder.is_dir() and any(folder.glob("*.jsonl")):
-        return
+def text_stream(plays: list[str], seed: int):
+    """Endless text: the training plays, in random order, again and again."""
+    rng = random.Random(seed)
+    while True:
+        yield rng.choice(plays)
+
+
+def write_corpus(folder: Path, shape: str, total: int, plays: list[str]) -> str:
+    """Write `total` bytes of text in `shape` under `folder` (once); returns the --train_file glob."""
+    pattern = {"1KB-jsonl": "*.jsonl", "1MB-txt": "*.txt", "500MB-txt": "*.txt"}[shape]
+    if folder.is_dir() and (folder / "done").is_file():
+        return str(folder / pattern)
     folder.mkdir(parents=True, exist_ok=True)
-    rng, written, shard = random.Random(seed), 0, 0
-    while written < total_bytes:
-        with open(folder / f"shard-{shard:04d}.jsonl", "w", encoding="utf-8") as out:
-            in_shard = 0
-            while in_shard < SHARD_BYTES and written < total_bytes:
-                text = rng.choice(plays)
-                out.write(json.dumps({"text": text}) + "\n")
-                in_shard += len(text.encode("utf-8"))
-                written += len(text.encode("utf-8"))
-        shard += 1
+    texts, written = text_stream(plays, seed=total), 0
+    if shape == "1KB-jsonl":
+        shard = 0
+        while written < total:
+            with open(folder / f"shard-{shard:04d}.jsonl", "w", encoding="utf-8") as out:
+                while out.tell() < min(100 * MB, total - written):
+                    play = next(texts)
+                    for start in range(0, len(play), 1000):  # 1 kB documents, cut between speeches or not
+                        out.write(json.dumps({"text": play[start : start + 1000]}) + "\n")
+                written += out.tell()
+            shard += 1
+    else:
+        size = 1 * MB if shape == "1MB-txt" else 500 * MB
+        number = 0
+        while written < total:
+            with open(folder / f"doc-{number:05d}.txt", "w", encoding="utf-8") as out:
+                while out.tell() < size:
+                    out.write(next(texts))
+                written += out.tell()
+            number += 1
+    (folder / "done").write_text("")
+    return str(folder / pattern)
 
 
 def run(name: str, flags: list[str]) -> dict:
@@ -52,7 +76,7 @@ def run(name: str, flags: list[str]) -> dict:
         command = ["/usr/bin/time", "-f", "MAXRSS_KB=%M", sys.executable, "-m", "minirope.training.pretrain",
                    *flags, "--output_dir", output_dir, "--eval_strategy", "no", "--save_strategy", "no",
                    "--logging_steps", "50", "--disable_tqdm", "True", "--report_to", "none",
-                   "--sample_max_new_tokens", "1"]  # fmt: skip
+                   "--sample_max_new_tokens", "1", "--max_eval_samples", "8"]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"{name} failed:\n{result.stderr[-3000:]}")
@@ -70,36 +94,58 @@ def run(name: str, flags: list[str]) -> dict:
     return row
 
 
+def cpu() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        model = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+        flags = next(line.split(":", 1)[1].split() for line in lines if line.startswith("flags"))
+        simd = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+        return f"{model}, {simd}"
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", default="/tmp/minirope-streaming", help="Where the corpora and tokenizer go.")
     parser.add_argument("--out", default="docs/streaming.json")
+    parser.add_argument("--sections", nargs="+", default=["corpora", "tokenizer", "compare"],
+                        choices=["corpora", "tokenizer", "compare"])  # fmt: skip
+    parser.add_argument("--pairs", type=int, default=3, help="In-memory / stream pairs to compare.")
     args = parser.parse_args()
     root = Path(args.dir)
     plays = [text for name, text in shakespeare_plays().items() if name not in VALIDATION_PLAYS]
-    write_corpus(root / "10MB", 10_000_000, plays)
-    write_corpus(root / "1GB", 1_000_000_000, plays)
     tokenizer_dir = root / "tokenizer"
     if not (tokenizer_dir / "tokenizer.json").is_file():
         train_tokenizer(plays, vocab_size=4096).save_pretrained(tokenizer_dir)
-    common = ["--tokenizer_name_or_path", str(tokenizer_dir)]
-    rows = [
-        run(
-            "stream-10MB",
-            [*common, "--streaming", "True", "--train_file", str(root / "10MB" / "*.jsonl"), "--max_steps", "60"],
-        ),
-        run(
-            "stream-1GB",
-            [*common, "--streaming", "True", "--train_file", str(root / "1GB" / "*.jsonl"), "--max_steps", "60"],
-        ),
-        run("in-memory", [*common, "--max_steps", "200"]),
-        run("stream-plays", [*common, "--streaming", "True", "--max_steps", "200"]),
-    ]
-    Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+    given = ["--tokenizer_name_or_path", str(tokenizer_dir)]
+    corpora = [("1KB-jsonl", 10 * MB), ("1MB-txt", 10 * MB), ("1KB-jsonl", 2000 * MB), ("1MB-txt", 2000 * MB),
+               ("500MB-txt", 500 * MB)]  # fmt: skip
+    rows = []
+    for shape, total in corpora if "corpora" in args.sections else []:
+        files = write_corpus(root / f"{shape}-{total // MB}MB", shape, total, plays)
+        flags = [*given, "--streaming", "True", "--train_file", files, "--max_steps", "60"]
+        rows.append({**run(f"stream {shape} {total // MB} MB", flags), "shape": shape, "corpus_mb": total // MB})
+    for shape, total, sample in (
+        [("500MB-txt", 500, 50), ("1MB-txt", 2000, 1000)] if "tokenizer" in args.sections else []
+    ):
+        files = write_corpus(root / f"{shape}-{total}MB", shape, total * MB, plays)
+        flags = ["--streaming", "True", "--train_file", files, "--max_steps", "60",
+                 "--tokenizer_sample_bytes", str(sample * MB)]  # fmt: skip
+        rows.append(run(f"stream {shape} {total} MB, tokenizer trained on {sample} MB", flags))
+    for pair in range(args.pairs if "compare" in args.sections else 0):
+        rows.append(run(f"in memory, bundled plays ({pair + 1})", [*given, "--max_steps", "200"]))
+        rows.append(run(f"stream, bundled plays ({pair + 1})", [*given, "--streaming", "True", "--max_steps", "200"]))
+    out = Path(args.out)
+    previous = json.loads(out.read_text())["rows"] if out.is_file() else []
+    names = {row["run"] for row in rows}
+    rows = [row for row in previous if row["run"] not in names] + rows  # a section re-run replaces its rows
+    out.write_text(json.dumps({"cpu": cpu(), "rows": rows}, indent=1) + "\n")
+    print(f"\n{cpu()}\n")
     print("| run | peak RSS (MB) | run start -> first step end (s) | median step (s) | median step-end interval (s) |")
     print("|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['run']} | {row['peak_rss_mb']} | {row['first_step_seconds']} | {row['step_seconds']} | "
+        print(f"| {row['run']} | {row['peak_rss_mb']:,} | {row['first_step_seconds']} | {row['step_seconds']} | "
               f"{row['step_interval_seconds']} |")  # fmt: skip
 
 

@@ -5,15 +5,16 @@ import json
 import pytest
 from conftest import TINY_RUN
 from test_bad_input import assert_no_model, cli_error
-from transformers import TrainingArguments
 
 from minirope.training import pretrain
 from minirope.training.data import (
     TextDataArguments,
-    load_text_datasets,
-    play_dataset,
+    bundled_shards,
+    document_texts,
+    play_shards,
     shakespeare_dataset,
     tokenize_and_block,
+    training_shards,
 )
 from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.tokenizer import train_tokenizer
@@ -26,8 +27,8 @@ def corpus(tmp_path_factory):
     """The real bundled corpus, a tokenizer trained on its training plays, and its blocks."""
     raw = shakespeare_dataset()
     tokenizer = train_tokenizer(raw["train"]["text"], vocab_size=4096)
-    args = TrainingArguments(str(tmp_path_factory.mktemp("args")))
-    train, validation = tokenize_and_block(raw, tokenizer, TextDataArguments(block_size=BLOCK), args)
+    shards = (bundled_shards("train"), bundled_shards("validation"))
+    train, validation = tokenize_and_block(*shards, tokenizer, TextDataArguments(block_size=BLOCK), seed=0)
     return raw, tokenizer, train, validation
 
 
@@ -82,8 +83,8 @@ def test_speech_by_speech_tokenization_differs_from_whole_text(corpus):
 
 
 def test_a_play_for_fine_tuning_is_two_documents_cut_between_speeches():
-    raw = play_dataset("the-tempest")
-    train, validation = raw["train"]["text"], raw["validation"]["text"]
+    shards = play_shards("the-tempest")
+    train, validation = document_texts(shards["train"]), document_texts(shards["validation"])
     assert len(train) == len(validation) == 1
     whole = shakespeare_dataset()["validation"]["text"][3]
     assert train[0] + validation[0] == whole and train[0].endswith("\n\n")
@@ -94,9 +95,9 @@ def test_each_text_file_is_one_document(tmp_path):
     for index in range(3):
         paths.append(str(tmp_path / f"part{index}.txt"))
         (tmp_path / f"part{index}.txt").write_text(f"ROMEO:\nPart {index}.\n\nJULIET:\nYes.\n")
-    raw = load_text_datasets(TextDataArguments(train_file=paths[:2], validation_file=paths[2:]))
-    assert raw["train"]["text"] == ["ROMEO:\nPart 0.\n\nJULIET:\nYes.\n", "ROMEO:\nPart 1.\n\nJULIET:\nYes.\n"]
-    assert raw["train"]["source"] == paths[:2]
+    shards = training_shards(TextDataArguments(train_file=paths[:2], validation_file=paths[2:]))
+    assert document_texts(shards) == ["ROMEO:\nPart 0.\n\nJULIET:\nYes.\n", "ROMEO:\nPart 1.\n\nJULIET:\nYes.\n"]
+    assert [document.name for shard in shards for document in shard.documents()] == paths[:2]
 
 
 def local_dataset(tmp_path, rows: list) -> str:

@@ -4,6 +4,7 @@ repeated-passage data mix, sliding-window scoring, the repeat test, a tiny exten
 import json
 import random
 
+import numpy as np
 import pytest
 import torch
 from conftest import llama_twin, random_model, tiny_config
@@ -13,7 +14,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from minirope import MiniRopeForSequenceClassification
 from minirope.evaluation import repeat_test, repeat_windows
 from minirope.training import extend
-from minirope.training.data import insert_repeats, score_windows
+from minirope.training.blocks import document_windows, insert_repeats
 from minirope.training.metrics import IGNORE_INDEX
 
 # fmt: off
@@ -64,41 +65,45 @@ def test_extended_fields():
 
 
 def test_insert_repeats_copies_a_passage_in_the_chosen_share_of_blocks():
-    blocks = [list(range(1000 * i, 1000 * i + 256)) for i in range(2000)]  # all tokens distinct
-    out = insert_repeats({"input_ids": blocks}, list(range(2000)), fraction=0.25, max_length=64, seed=3)
+    blocks = [np.arange(1000 * i, 1000 * i + 256) for i in range(2000)]  # all tokens distinct
+    out = [insert_repeats(block, i, fraction=0.25, max_length=64, seed=3) for i, block in enumerate(blocks)]
     changed = 0
-    for block, new, labels in zip(blocks, out["input_ids"], out["labels"], strict=True):
-        assert labels == new and len(new) == 256
-        diff = [i for i in range(256) if new[i] != block[i]]
+    for block, new in zip(blocks, out, strict=True):
+        assert len(new) == 256
+        diff = np.flatnonzero(new != block).tolist()
         if not diff:
             continue
         changed += 1
         start, length = diff[0], len(diff)
         assert diff == list(range(start, start + length)) and 16 <= length <= 64
         source = new[start] - block[0]  # where the copied passage came from
-        assert new[start : start + length] == block[source : source + length] and source + length <= start
+        assert (new[start : start + length] == block[source : source + length]).all() and source + length <= start
     assert 0.22 < changed / 2000 < 0.28
-    again = insert_repeats({"input_ids": blocks[:50]}, list(range(50)), fraction=0.25, max_length=64, seed=3)
-    assert again["input_ids"] == out["input_ids"][:50]  # depends on (seed, index) only
-    none = insert_repeats({"input_ids": blocks[:50]}, list(range(50)), fraction=0.0, max_length=64, seed=3)
-    assert none["input_ids"] == blocks[:50]
+    again = [insert_repeats(block, i, fraction=0.25, max_length=64, seed=3) for i, block in enumerate(blocks[:50])]
+    assert all((a == b).all() for a, b in zip(again, out, strict=False))  # depends on (seed, index) only
+    assert all((insert_repeats(b, i, 0.0, 64, seed=3) == b).all() for i, b in enumerate(blocks[:50]))
 
 
 @pytest.mark.parametrize("stride", [None, 16, 5, 1])
-def test_sliding_windows_score_every_token_once_with_the_promised_context(stride):
-    doc = list(range(10, 110))  # 100 tokens
-    out = score_windows({"input_ids": [doc]}, block_size=32, prefix=1, pad_token_id=0, stride=stride)
+@pytest.mark.parametrize("piece", [101, 7, 1])
+def test_sliding_windows_score_every_token_once_with_the_promised_context(stride, piece):
+    """Whatever pieces the document's ids come in (whole, or 7 or 1 at a time)."""
+    framed = [1, *range(10, 110)]  # the prefix 1, then a 100-token document
+    pieces = [framed[start : start + piece] for start in range(0, len(framed), piece)]
+    out = list(document_windows(iter(pieces), block_size=32, pad_token_id=0, stride=stride))
     stride = stride or 31
     scored = []
-    for number, (window, labels) in enumerate(zip(out["input_ids"], out["labels"], strict=True)):
+    for number, (window, labels) in enumerate(out):
         assert len(window) == 32
         start = number * stride
-        assert [t for t in window if t] == ([1, *doc])[start : start + 32]
+        assert [t for t in window if t] == framed[start : start + 32]
         for position, label in enumerate(labels[1:], start=1):  # position 0 is never a target
             if label != IGNORE_INDEX:
                 scored.append(label)
                 assert number == 0 or position >= 32 - stride  # at least block - stride tokens before it
-    assert scored == doc
+    assert scored == framed[1:]
+    expected_windows = len(range(0, max(1, len(framed) - (32 - stride)), stride))
+    assert len(out) == expected_windows
 
 
 class CopyModel(torch.nn.Module):

@@ -1,10 +1,12 @@
-"""`minirope-pretrain --streaming`: local shards (.txt, .jsonl, .parquet, globs) give the in-memory path's blocks,
-2 processes read the stream without training a block twice, and bad shards stop with an error naming them."""
+"""Documents of any size, streamed: exact ids in pieces, the in-memory path's blocks, bounded memory, a shuffled
+stream that resumes exactly (one and two processes, after SIGKILL), and bad shards named."""
 
 import json
+import random
 import shutil
 import subprocess
 import sys
+from itertools import islice
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,60 +15,211 @@ from conftest import TINY_RUN
 from test_bad_input import assert_no_model, cli_error
 from test_distributed import assert_close, launch
 from test_resume import kill_when_written
-from transformers import TrainingArguments
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
 
-from minirope.training import pretrain
-from minirope.training.data import TextDataArguments, load_text_datasets, shakespeare_plays, tokenize_and_block
-from minirope.training.stream import first_blocks, stream_blocks, stream_documents
-from minirope.training.tokenizer import train_tokenizer
+from minirope.training import documents, pretrain
+from minirope.training.blocks import BlockStream, shuffled_shards
+from minirope.training.data import (
+    TextDataArguments,
+    block_stream,
+    shakespeare_plays,
+    tokenize_and_block,
+    tokenizer_texts,
+    training_shards,
+)
+from minirope.training.documents import TextFile, Texts, file_shard
+from minirope.training.tokenizer import PIECE_CHARS, TextPieces, train_tokenizer
+
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+    r"\s+(?!\S)|\s+"
+)
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    """Six plays as three .txt shards, the same six as two .jsonl shards and as one .parquet, and a validation file."""
+def plays():
+    return list(shakespeare_plays().values())
+
+
+@pytest.fixture(scope="module")
+def tokenizer(plays):
+    return train_tokenizer(plays[:6], vocab_size=512)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, plays):
+    """Six plays as three .txt shards, the same six as two .jsonl shards, as one .parquet and as a .json array,
+    and a validation file."""
     folder = tmp_path_factory.mktemp("shards")
-    plays = list(shakespeare_plays().values())
     texts, validation = plays[:6], plays[-1]
-    for i, text in enumerate(texts[:3]):
-        (folder / f"a-{i}.txt").write_text(text, encoding="utf-8")
+    for i, text in enumerate(texts):
+        (folder / f"{'a' if i < 3 else 'd'}-{i}.txt").write_text(text, encoding="utf-8")
     for name, rows in (("b-0.jsonl", texts[3:5]), ("b-1.jsonl", texts[5:])):
         (folder / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in rows), encoding="utf-8")
-    pq.write_table(pa.table({"text": texts[3:]}), folder / "c.parquet")
+    pq.write_table(pa.table({"text": texts[3:]}), folder / "c.parquet", row_group_size=2)
+    (folder / "e.json").write_text(json.dumps([{"text": t} for t in texts[3:]]), encoding="utf-8")
     (folder / "valid.txt").write_text(validation, encoding="utf-8")
     return folder, texts
 
 
-def test_streamed_blocks_equal_the_in_memory_blocks(shards, tmp_path):
-    folder, texts = shards
-    tokenizer = train_tokenizer(texts, vocab_size=512)
-    training_args = TrainingArguments(str(tmp_path))
-    files = [str(folder / f"a-{i}.txt") for i in range(3)] + [str(tmp_path / f"d-{i}.txt") for i in range(3, 6)]
-    for i in range(3, 6):
-        (tmp_path / f"d-{i}.txt").write_text(texts[i], encoding="utf-8")
-    in_memory_args = TextDataArguments(train_file=files, validation_file=[str(folder / "valid.txt")], block_size=64)
-    expected = tokenize_and_block(load_text_datasets(in_memory_args), tokenizer, in_memory_args, training_args)[0]
-    expected = expected["input_ids"]
+def stream_of(train_file: list[str], tokenizer, block_size: int = 64, **options) -> BlockStream:
+    args = TextDataArguments(train_file=train_file, block_size=block_size)
+    return block_stream(training_shards(args, streaming=True), tokenizer, args, seed=0, **options)
+
+
+def first(stream: BlockStream, count: int) -> list[list[int]]:
+    return [item["input_ids"].tolist() for item in islice(stream, count)]
+
+
+def test_streamed_blocks_equal_the_in_memory_blocks(shards, tokenizer):
+    folder, _ = shards
+    files = [str(folder / f"{'a' if i < 3 else 'd'}-{i}.txt") for i in range(6)]
+    args = TextDataArguments(train_file=files, validation_file=[str(folder / "valid.txt")], block_size=64)
+    expected = tokenize_and_block(training_shards(args), [], tokenizer, args, seed=0)[0]["input_ids"]
     assert len(expected) > 1000
-    # The same documents as .txt shards given by a glob, and as .txt + .jsonl or .txt + .parquet shards.
+    # The same documents as .txt shards given by globs, and as .txt + .jsonl, .parquet or .json records.
     for train_file in (
-        [str(folder / "a-*.txt"), str(tmp_path / "d-*.txt")],
+        [str(folder / "a-*.txt"), str(folder / "d-*.txt")],
         [str(folder / "a-*.txt"), str(folder / "b-*.jsonl")],
         [str(folder / "a-*.txt"), str(folder / "c.parquet")],
+        [str(folder / "a-*.txt"), str(folder / "e.json")],
     ):
-        args = TextDataArguments(train_file=train_file, block_size=64)
-        blocks = first_blocks(stream_blocks(stream_documents(args), tokenizer, args, training_args), len(expected) + 5)
-        assert blocks == expected, train_file
+        blocks = first(stream_of(train_file, tokenizer), len(expected) + 5)
+        assert blocks[: len(expected)] == expected, train_file
+        assert blocks[len(expected)] == expected[0]  # then the next pass over the documents
+
+
+def adversarial_text(size: int, seed: int = 0) -> str:
+    """Text whose white space takes every form the pre-tokenizers treat specially: runs of spaces, newlines and
+    tabs, CRLF, spaces before newlines, contractions, digits, punctuation runs, non-ASCII letters and emoji."""
+    rng = random.Random(seed)
+    words = ["ROMEO:", "soft", "what's", "light", "we'll", "1234567", "caf\u00e9", "\u00fcber", "\U0001f600", "--",
+             "?!", "\u4e2d\u6587", "x", "I'd", "O"]  # fmt: skip
+    gaps = [" ", " ", " ", "\n", "  ", "\n\n", " \n", "\t", "\r\n", "   \n\n ", "", "\n \n"]
+    parts, total = [], 0
+    while total < size:
+        part = rng.choice(words) + rng.choice(gaps)
+        parts.append(part)
+        total += len(part)
+    return "".join(parts)
+
+
+def pre_tokenized_tokenizers(plays):
+    """A Llama 3-style byte-level BPE (a Split regex, then ByteLevel), and a SentencePiece-style one (a
+    normalizer that prepends and replaces spaces) that cannot be cut exactly."""
+    llama3 = Tokenizer(models.BPE())
+    llama3.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"), pre_tokenizers.ByteLevel(use_regex=False)]
+    )
+    llama3.decoder = decoders.ByteLevel()
+    spiece = Tokenizer(models.BPE())
+    spiece.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    for backend in (llama3, spiece):
+        alphabet = pre_tokenizers.ByteLevel.alphabet() if backend is llama3 else []
+        trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["</s>"], initial_alphabet=alphabet)
+        backend.train_from_iterator([plays[0], adversarial_text(20_000)], trainer=trainer)
+    return [PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>") for backend in (llama3, spiece)]
+
+
+def test_a_document_in_pieces_has_the_ids_of_the_whole_document(plays, tokenizer, tmp_path, monkeypatch):
+    """`tokenizer(document)` is the oracle: a 3 MB document read from a file in 1 MiB chunks and cut into 64k
+    pieces, and a 200 kB one cut into ~200-character pieces, give exactly its ids, for minirope's byte-level BPE
+    and a Llama 3-style one; a tokenizer whose pieces would differ is detected and tokenizes documents whole."""
+    big = adversarial_text(3_000_000, seed=1)
+    (tmp_path / "big.txt").write_text(big, encoding="utf-8")
+    llama3, spiece = pre_tokenized_tokenizers(plays)
+    for tok, exact in ((tokenizer, True), (llama3, True), (spiece, False)):
+        pieces = TextPieces(tok)
+        assert pieces.exact is exact
+        chunks = list(pieces.pieces(TextFile(tmp_path / "big.txt").read()))
+        assert "".join(chunks) == big and len(chunks) == (46 if exact else 1)
+        assert [i for chunk in chunks for i in pieces.encode(chunk)] == tok(big)["input_ids"]
+        small_pieces = TextPieces(tok, piece_chars=200)
+        small = adversarial_text(200_000, seed=2)
+        chunks = list(small_pieces.pieces(iter([small[i : i + 1000] for i in range(0, len(small), 1000)])))
+        assert len(chunks) > (500 if exact else 0)
+        assert [i for chunk in chunks for i in pieces.encode(chunk)] == tok(small)["input_ids"]
+
+
+def test_a_non_utf8_byte_deep_in_a_large_document_is_named_with_its_offset(tmp_path):
+    """The file is read in 1 MiB chunks: a character cut by a chunk boundary is fine, a bad byte is named exactly."""
+    text = "a" * (documents.CHUNK_BYTES - 1) + "\u00e9" + "b" * 2_000_000  # the 2-byte character straddles the cut
+    data = bytearray(text.encode("utf-8"))
+    data[2_500_001] = 0xFF
+    (tmp_path / "big.txt").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"big.txt is not UTF-8 text \(byte 0xff at offset 2500001\)"):
+        list(TextFile(tmp_path / "big.txt").read())
+
+
+def test_the_stream_resumes_exactly_from_any_block(shards, tokenizer, tmp_path, plays):
+    """From the position saved after any block (JSON round trip), the stream continues with the same blocks:
+    across shards of every kind, mid-document (byte offsets into .txt files), mid-window and across passes, with
+    and without the shuffle window."""
+    folder, _ = shards
+    small = tmp_path / "small.txt"
+    small.write_text(plays[7][:3000])
+    files = [str(folder / "a-0.txt"), str(small), str(folder / "b-1.jsonl"), str(folder / "c.parquet")]
+    for shuffle in (0, 64):
+        stream = stream_of(files, tokenizer, shuffle_shards=shuffle > 0, shuffle_buffer=shuffle, keep_states=100_000)
+        stream.pieces.piece_chars = 500  # many pieces: positions inside documents
+        reference = first(stream, 4000)
+        states = list(stream.states)
+        assert states[-1]["count"] == 4000 and stream.state_at(1234) == states[1233]
+        passes = {json.dumps(state)[:40] for state in states}
+        assert len(passes) > 1
+        for count in (1, 2, 63, 64, 65, 700, 1999, 3990):
+            resumed = stream_of(files, tokenizer, shuffle_shards=shuffle > 0, shuffle_buffer=shuffle)
+            resumed.pieces.piece_chars = 500
+            resumed.load_state_dict(json.loads(json.dumps(states[count - 1])))
+            assert first(resumed, 10) == reference[count : count + 10], (shuffle, count)
+    assert first(stream_of(files, tokenizer, shuffle_buffer=64), 64) != reference[:64]  # shuffled
+    assert sorted(map(tuple, first(stream_of(files, tokenizer, shuffle_buffer=64), 64))) == sorted(
+        map(tuple, first(stream_of(files, tokenizer), 64))
+    )  # a window holds the same blocks, in another order
+
+
+MEASURE_RSS = """
+import resource, sys
+from itertools import islice
+from transformers import AutoTokenizer
+from minirope.training.blocks import BlockStream, shuffled_shards
+from minirope.training.documents import TextFile
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[2])
+stream = BlockStream([TextFile(sys.argv[1])], tokenizer, block_size=256, shuffle_buffer=256)
+for _ in islice(stream, 2000):
+    pass
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def test_memory_of_the_data_path_does_not_grow_with_the_document(plays, tokenizer, tmp_path):
+    """2,000 blocks read from a 1 MB and from a 120 MB one-document file: the same peak memory (a process each);
+    whole-document tokenization took several GB for 50 MB. The tokenizer sample stops at its size, too."""
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    peaks = {}
+    for size in (1, 120):
+        path = tmp_path / f"{size}MB.txt"
+        with open(path, "w", encoding="utf-8") as file:
+            while file.tell() < size * 1_000_000:
+                file.write(plays[0])
+        result = subprocess.run([sys.executable, "-c", MEASURE_RSS, str(path), str(tmp_path / "tokenizer")],
+                                capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
+        peaks[size] = int(result.stdout.split()[-1])
+    assert peaks[120] < peaks[1] + 40, peaks  # MB
+    sample = sum(len(text.encode()) for text in tokenizer_texts([TextFile(tmp_path / "120MB.txt")], 3_000_000))
+    assert 3_000_000 <= sample <= 3_000_000 + 4 * PIECE_CHARS
 
 
 def test_tiny_streaming_pretraining_runs_and_two_processes_match_one(shards, tmp_path):
-    """Two processes under torchrun: each reads the stream and keeps its half of every global batch, so no
-    block is trained twice and the losses equal one process with the same global batch; resumed from a
+    """Two processes under torchrun: each reads the shuffled stream and keeps its half of every global batch, so
+    no block is trained twice and the losses equal one process with the same global batch; resumed from a
     checkpoint's stream position, the 2 processes end where the uninterrupted run ends."""
     folder, _ = shards
     run = [*TINY_RUN, "--streaming", "True", "--train_file", str(folder / "a-*.txt"), "--validation_file",
            str(folder / "valid.txt"), "--bf16", "False", "--max_steps", "10", "--eval_strategy", "no",
            "--save_steps", "5", "--save_total_limit", "3", "--logging_steps", "1", "--seed", "1",
-           "--max_train_samples", "1000"]  # fmt: skip
+           "--max_train_samples", "1000", "--shuffle_buffer_size", "64"]  # fmt: skip
     single, double, resumed = tmp_path / "single", tmp_path / "double", tmp_path / "resumed"
     two = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "minirope.training.pretrain",
            *run, "--per_device_train_batch_size", "4"]  # fmt: skip
@@ -77,7 +230,8 @@ def test_tiny_streaming_pretraining_runs_and_two_processes_match_one(shards, tmp
     summary = json.loads((double / "run_summary.json").read_text())
     assert summary["processes"] == 2 and summary["train_tokens"] == 10 * 8 * 32
     shutil.copytree(double / "checkpoint-5", resumed / "checkpoint-5")
-    assert (resumed / "checkpoint-5" / "stream_state.json").is_file()
+    position = json.loads((resumed / "checkpoint-5" / "stream_state.json").read_text())
+    assert position["count"] == 5 * 8  # the blocks the 5 steps trained on, not those read ahead
     launch([*two, "--output_dir", str(resumed), "--resume_from_checkpoint", "last"], tmp_path)
     assert_close(double, resumed)
 
@@ -99,13 +253,19 @@ def test_bad_shards(shards, tmp_path, monkeypatch, capsys):
         tmp_path, monkeypatch, capsys, "--train_file", str(tmp_path / "none-*.txt"), *valid
     )
     latin1 = tmp_path / "latin1.txt"
-    latin1.write_bytes("ROMEO: caf\u00e9\n".encode("latin-1") * 50)
+    latin1.write_bytes(b"ROMEO:\n" * 50 + "caf\u00e9\n".encode("latin-1"))
     err = stream_error(tmp_path, monkeypatch, capsys, "--train_file", str(folder / "a-0.txt"), str(latin1), *valid)
-    assert str(latin1) in err and "not UTF-8" in err
+    assert f"{latin1} is not UTF-8 text (byte 0xe9 at offset 353)" in err
     no_text = tmp_path / "no-text.jsonl"
     no_text.write_text(json.dumps({"content": "ROMEO: hi"}) + "\n")
     err = stream_error(tmp_path, monkeypatch, capsys, "--train_file", str(no_text), *valid)
     assert f"{no_text} line 1 has no 'text' field" in err and "--text_column" in err
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for name in ("a.txt", "b.csv", "c.txt", "d.md"):
+        (mixed / name).write_text("ROMEO:\nHi.\n")
+    err = stream_error(tmp_path, monkeypatch, capsys, "--train_file", str(mixed / "*"), *valid)
+    assert f"data file {mixed / 'b.csv'} is not .txt, .jsonl, .json, .parquet" in err
     err = stream_error(
         tmp_path, monkeypatch, capsys, "--train_file", str(folder / "a-0.txt"), *valid, "--max_steps", "0"
     )
@@ -121,12 +281,11 @@ def test_real_process_exit_code_for_a_glob_that_matches_nothing(tmp_path):
     assert result.returncode == 1 and "matches no file" in result.stderr.strip().splitlines()[-1]
 
 
-def test_sigkill_then_resume_continues_the_stream_from_the_checkpoint(tmp_path):
-    """Killed after a checkpoint, the run resumes from the stream position saved in it (accelerate's stateful
-    data loader): the first shards are made unreadable before resuming, so re-reading the stream from its
-    start would stop with an error; the losses and the final validation loss equal an uninterrupted run's."""
-    import random
-
+def test_sigkill_then_resume_continues_the_shuffled_stream_from_the_checkpoint(tmp_path):
+    """Killed after a checkpoint, the run resumes from the stream position saved in it: the shards read before
+    that position are made unreadable before resuming, so re-reading the stream from its start would stop with an
+    error; the losses and the final validation loss equal an uninterrupted run's. The stream is shuffled (shard
+    order and a window of blocks)."""
     rng = random.Random(0)
     words = "the of and to my is that in you not me it with be his your this but he have".split()
     shards = tmp_path / "shards"
@@ -135,19 +294,21 @@ def test_sigkill_then_resume_continues_the_stream_from_the_checkpoint(tmp_path):
         rows = ["ROMEO:\n" + " ".join(rng.choice(words) for _ in range(8)) + "\n" for _ in range(20)]
         (shards / f"s-{shard:03d}.jsonl").write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
     (tmp_path / "valid.txt").write_text("ROMEO:\n" + " ".join(rng.choice(words) for _ in range(400)) + "\n")
-    # --max_train_samples: more blocks than 200 steps use, so the stream is never read a second time
     run = [*TINY_RUN, "--streaming", "True", "--train_file", str(shards / "s-*.jsonl"), "--validation_file",
            str(tmp_path / "valid.txt"), "--bf16", "False", "--max_steps", "200", "--save_steps", "20",
-           "--eval_strategy", "no", "--save_total_limit", "2", "--seed", "7",
+           "--eval_strategy", "no", "--save_total_limit", "2", "--seed", "7", "--shuffle_buffer_size", "16",
            "--max_train_samples", "5000"]  # fmt: skip
     want = pretrain.run([*run, "--output_dir", str(tmp_path / "uninterrupted")])
 
     out = tmp_path / "killed"
     kill_when_written([sys.executable, "-m", "minirope.training.pretrain", *run, "--output_dir", str(out)],
                       out / "checkpoint-20" / "stream_state.json")  # fmt: skip
-    for shard in ("s-000.jsonl", "s-001.jsonl"):  # consumed before any checkpoint: must not be read again
-        (shards / shard).write_bytes("caf\u00e9\n".encode("latin-1") * 10)
-
+    window_start = json.loads((out / "checkpoint-20" / "stream_state.json").read_text())["window"]
+    assert window_start["epoch"] == 0 and window_start["shard"] >= 2
+    files = sorted(shards.glob("*.jsonl"))
+    # the shards read before the checkpoint: not needed again in this pass
+    for index in shuffled_shards(len(files), seed=7, epoch=0)[: window_start["shard"]]:
+        files[index].write_bytes("caf\u00e9\n".encode("latin-1") * 10)
     got = pretrain.run([*run, "--output_dir", str(out), "--resume_from_checkpoint", "last"])
     relative = abs(got["eval_nats_per_token"] - want["eval_nats_per_token"]) / want["eval_nats_per_token"]
     assert relative <= 1e-4, (got["eval_nats_per_token"], want["eval_nats_per_token"])
@@ -176,3 +337,14 @@ def test_streaming_a_dataset_by_name(shards, tmp_path):
     flags = ["--streaming", "True", "--dataset_name", str(dataset), "--text_column", "content"]
     metrics = pretrain.run([*TINY_RUN, *flags, "--output_dir", str(out)])
     assert metrics["eval_bits_per_byte"] > 0 and (out / "model.safetensors").is_file()
+
+
+def test_shards_read_from_any_document(shards):
+    folder, texts = shards
+    shard = Texts(["a b", "c d", "e"], ["x0", "x1", "x2"], "x")
+    assert [document.name for document in shard.documents(1)] == ["x1", "x2"]
+    assert "".join(next(shard.documents(1)).read(2)) == "d"
+    for name in ("b-0.jsonl", "c.parquet", "e.json"):
+        second = list(file_shard(str(folder / name), "text").documents())[1]
+        rest = list(file_shard(str(folder / name), "text").documents(second.locator))
+        assert "".join(rest[0].read(0)) == texts[4] and len(rest) == (1 if name == "b-0.jsonl" else 2)

@@ -39,9 +39,10 @@ from minirope.training.data import (
     BUNDLED_CORPUS,
     TextDataArguments,
     data_description,
-    load_text_datasets,
-    tokenize_corpus,
+    document_texts,
     training_blocks,
+    training_shards,
+    validation_shards,
     validation_windows,
 )
 from minirope.training.metrics import language_model_metrics
@@ -223,23 +224,19 @@ def run(argv: list[str] | None = None) -> dict:
         trust_remote_code=model_args.trust_remote_code,
         attn_implementation=model_args.attn_implementation or default_attention(training_args),
     )
-    raw = load_text_datasets(data_args)
-    tokenized = tokenize_corpus(raw, tokenizer, data_args, training_args)
+    train_shards, validation = training_shards(data_args), validation_shards(data_args)
     train_dataset = (
-        training_blocks(tokenized["train"], tokenizer, data_args, training_args) if training_args.do_train else None
+        training_blocks(train_shards, tokenizer, data_args, training_args.seed) if training_args.do_train else None
     )
-    validation = tokenized["validation"]
-    if model_args.eval_document_tokens:
-        validation = validation.map(lambda row: {"input_ids": row["input_ids"][: model_args.eval_document_tokens]})
     eval_sizes = model_args.eval_block_sizes or sorted({original, data_args.block_size})
     windows = {
         size: validation_windows(
-            validation, tokenizer, size, stride=size // 4, num_proc=data_args.preprocessing_num_workers
+            validation, tokenizer, size, stride=size // 4, max_document_tokens=model_args.eval_document_tokens
         )
         for size in eval_sizes
     }
     distances = tuple(model_args.repeat_distances or DISTANCES)
-    documents = list(raw["validation"]["text"])
+    documents = document_texts(validation)
 
     trainer = MiniRopeTrainer(
         model=model,

@@ -36,9 +36,10 @@ from minirope.training.data import (
     TextDataArguments,
     data_description,
     load_prompt_completion,
-    load_text_datasets,
-    play_dataset,
+    play_shards,
     tokenize_and_block,
+    training_shards,
+    validation_shards,
 )
 from minirope.training.metrics import IGNORE_INDEX, language_model_metrics
 from minirope.training.output import check_output_dir, finish_run, model_card
@@ -138,12 +139,13 @@ def text_datasets(data_args: FinetuneDataArguments, tokenizer, training_args: Tr
     if data_args.play and (data_args.train_file or data_args.dataset_name):
         raise ValueError("Give one data source: --play, --train_file/--validation_file, or --dataset_name.")
     if data_args.play:
-        raw = play_dataset(data_args.play)
+        shards = play_shards(data_args.play)
+        train, validation = shards["train"], shards["validation"]
     elif data_args.train_file or data_args.dataset_name:
-        raw = load_text_datasets(data_args)
+        train, validation = training_shards(data_args), validation_shards(data_args)
     else:
         raise ValueError("No data: give --play NAME, --train_file/--validation_file, or --dataset_name.")
-    return tokenize_and_block(raw, tokenizer, data_args, training_args)
+    return tokenize_and_block(train, validation, tokenizer, data_args, training_args.seed)
 
 
 def load_model_and_tokenizer(model_args: FinetuneModelArguments, training_args: TrainingArguments):

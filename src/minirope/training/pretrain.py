@@ -26,21 +26,16 @@ from minirope.training.cli import run_cli
 from minirope.training.data import (
     BUNDLED_CORPUS,
     TextDataArguments,
+    block_stream,
     data_description,
-    load_text_datasets,
     tokenize_and_block,
-    tokenize_corpus,
+    tokenizer_texts,
+    training_shards,
+    validation_shards,
     validation_windows,
 )
 from minirope.training.metrics import language_model_metrics
 from minirope.training.output import check_output_dir, finish_run, model_card
-from minirope.training.stream import (
-    WholeStream,
-    stream_blocks,
-    stream_documents,
-    tokenizer_sample,
-    validation_documents,
-)
 from minirope.training.throughput import ThroughputCallback, training_flops_per_token
 from minirope.training.tokenizer import load_or_train_tokenizer
 from minirope.training.trainer import (
@@ -105,13 +100,20 @@ class DataArguments(TextDataArguments):
     streaming: bool = field(
         default=False,
         metadata={
-            "help": "Read the training documents as a stream (--train_file shards/globs of .txt/.jsonl/.parquet, or "
-            "--dataset_name): memory and start-up do not grow with the corpus. Needs --max_steps."
+            "help": "Read the training documents as a stream (--train_file files/globs, or --dataset_name) as "
+            "training needs them: memory and start-up do not grow with the corpus or its documents. Needs --max_steps."
+        },
+    )
+    shuffle_buffer_size: int = field(
+        default=1024,
+        metadata={
+            "help": "With --streaming: shuffle the blocks in windows of this many (and the files' order each pass "
+            "over them); 0 reads them in order. A resumed run continues exactly either way."
         },
     )
     tokenizer_sample_bytes: int = field(
         default=50_000_000,
-        metadata={"help": "With --streaming: train the tokenizer on the stream's first documents up to this size."},
+        metadata={"help": "Train the tokenizer on the first this many bytes of training text."},
     )
     sample_prompt: str = field(default=SAMPLE_PROMPT, metadata={"help": "Prompt of the sample printed at the end."})
     sample_max_new_tokens: int = field(default=120, metadata={"help": "Length of that sample."})
@@ -226,28 +228,33 @@ def run(argv: list[str] | None = None) -> dict:
     output_dir = Path(training_args.output_dir)
     resume = resolve_resume(training_args)
 
-    if data_args.streaming:
-        if training_args.max_steps <= 0:
-            raise ValueError("--streaming needs --max_steps > 0: a stream has no length to count epochs in.")
-        train_stream = stream_documents(data_args)
-        tokenizer, reused = load_tokenizer(
-            data_args, lambda: tokenizer_sample(train_stream, data_args.tokenizer_sample_bytes), output_dir, resume
-        )
-    else:
-        raw = load_text_datasets(data_args)
-        tokenizer, reused = load_tokenizer(data_args, lambda: raw["train"]["text"], output_dir, resume)
+    if data_args.streaming and training_args.max_steps <= 0:
+        raise ValueError("--streaming needs --max_steps > 0: a stream has no length to count epochs in.")
+    train_shards = training_shards(data_args, streaming=data_args.streaming)
+    validation = validation_shards(data_args)
+    tokenizer, reused = load_tokenizer(
+        data_args, lambda: tokenizer_texts(train_shards, data_args.tokenizer_sample_bytes), output_dir, resume
+    )
     print(f"[minirope] tokenizer: {'reused' if reused else 'trained'}, {len(tokenizer)} tokens")
 
     config = build_config(model_args, data_args, tokenizer)
     check_output_dir(output_dir, config, overwrite=training_args.overwrite_output_dir or resume is not None)
     if data_args.streaming:
-        validation = tokenize_corpus(validation_documents(data_args), tokenizer, data_args, training_args)
-        eval_dataset = validation_windows(validation, tokenizer, data_args.block_size)
-        if data_args.max_eval_samples is not None:
-            eval_dataset = eval_dataset.select(range(min(len(eval_dataset), data_args.max_eval_samples)))
-        train_dataset = WholeStream(stream_blocks(train_stream, tokenizer, data_args, training_args))
+        eval_dataset = validation_windows(
+            validation, tokenizer, data_args.block_size, max_samples=data_args.max_eval_samples
+        )
+        train_dataset = block_stream(
+            train_shards,
+            tokenizer,
+            data_args,
+            training_args.seed,
+            shuffle_shards=data_args.shuffle_buffer_size > 1,
+            shuffle_buffer=data_args.shuffle_buffer_size,
+        )
     else:
-        train_dataset, eval_dataset = tokenize_and_block(raw, tokenizer, data_args, training_args)
+        train_dataset, eval_dataset = tokenize_and_block(
+            train_shards, validation, tokenizer, data_args, training_args.seed
+        )
     model = MiniRopeForCausalLM._from_config(
         config, attn_implementation=model_args.attn_implementation or default_attention(training_args)
     )

@@ -1,11 +1,22 @@
-"""Byte-level BPE tokenizer trained with `tokenizers`, saved as a transformers fast tokenizer.
+"""Byte-level BPE tokenizer trained with `tokenizers`, saved as a transformers fast tokenizer, and the
+exact tokenization of long texts in pieces.
 
 Byte-level (as GPT-2): every string round-trips, no unknown token, and each character of a token's
 vocabulary string stands for exactly one UTF-8 byte, which `token_byte_lengths` uses to count bytes for
 the bits-per-byte metric.
+
+Long texts are tokenized piece by piece (`TextPieces`), with the same ids as `tokenizer(text)`: a text is cut
+only where it has a single space or a single newline between two other characters. The byte-level
+pre-tokenizers (GPT-2's regex, which minirope's tokenizer uses, and Llama 3's) always split there and look at
+most one character ahead, so each side pre-tokenizes alone as it does inside the whole text, and BPE never
+merges across pre-tokens. Each cut is also checked on the text around it (the two sides' ids, joined, equal
+the ids of both together), and a tokenizer for which such cuts are not exact (a normalizer or pre-tokenizer
+that looks further, e.g. SentencePiece's prefix space) has its documents tokenized whole.
 """
 
-from collections.abc import Callable, Iterable
+import logging
+import re
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +24,13 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+# Where a text may be cut: a single space or a single newline between two other characters.
+CUT_POINT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")
+PIECE_CHARS = 1 << 16  # characters per piece: about 16k tokens
+CHECK_CHARS = 64  # characters on each side of a cut that `TextPieces` checks
+PROBE = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and 1234 suns.\n\n\tO! x y"
+
+logger = logging.getLogger(__name__)
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
@@ -59,3 +77,65 @@ def token_byte_lengths(tokenizer: PreTrainedTokenizerBase) -> np.ndarray:
     for token, index in tokenizer.get_vocab().items():
         lengths[index] = 0 if index in special else len(token)
     return lengths
+
+
+class TextPieces:
+    """Cut texts into pieces whose ids, joined, are the ids of the whole text (see the module doc).
+
+    Args:
+        tokenizer: the tokenizer whose ids must be reproduced (`tokenizer(text, add_special_tokens=False)`);
+            None for the text a byte-level BPE is trained on (cut points alone, unchecked).
+        piece_chars: the length pieces are cut at (about; a piece is cut at the last cut point before it).
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | None, piece_chars: int = PIECE_CHARS) -> None:
+        self.tokenizer = tokenizer
+        self.piece_chars = piece_chars
+        self.exact = all(self.cuts_exactly(PROBE, match.start()) for match in CUT_POINT.finditer(PROBE))
+        if not self.exact:
+            logger.warning(
+                "%s cannot be cut exactly between pre-tokens: its documents are tokenized whole, so memory grows "
+                "with the largest document.",
+                type(tokenizer).__name__,
+            )
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+
+    def cuts_exactly(self, text: str, at: int) -> bool:
+        """Whether cutting `text` at `at` keeps the ids of the `CHECK_CHARS` characters on each side."""
+        if self.tokenizer is None:
+            return True
+        left, right = text[max(0, at - CHECK_CHARS) : at], text[at : at + CHECK_CHARS]
+        return self.encode(left) + self.encode(right) == self.encode(left + right)
+
+    def cut(self, text: str) -> int | None:
+        """The cut point nearest below `piece_chars` (at least half of it), else the first one past it, with
+        `CHECK_CHARS` characters after it; None if `text` has none."""
+        end = len(text) - CHECK_CHARS
+        low, high = self.piece_chars // 2, min(end, self.piece_chars + 1)
+        for start, stop in ((low, high), (high, end)):
+            candidates = [match.start() for match in CUT_POINT.finditer(text, start, stop)]
+            ordered = reversed(candidates[-8:]) if stop == high else candidates[:8]
+            for at in ordered:
+                if self.cuts_exactly(text, at):
+                    return at
+        return None
+
+    def pieces(self, chunks: Iterable[str]) -> Iterator[str]:
+        """The text of `chunks` (one document, in any split) regrouped into pieces cut at exact cut points.
+
+        A text with no cut point for a long way (one huge word) stays in one piece until one comes.
+        """
+        carry, wait_until = "", self.piece_chars + CHECK_CHARS
+        for chunk in chunks:
+            carry += chunk
+            while self.exact and len(carry) >= wait_until:
+                at = self.cut(carry)
+                if at is None:
+                    wait_until = 2 * len(carry)  # look again once the text has doubled
+                    break
+                yield carry[:at]
+                carry, wait_until = carry[at:], self.piece_chars + CHECK_CHARS
+        if carry:
+            yield carry

@@ -6,12 +6,15 @@ import inspect
 import json
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_peft_model
+
+from minirope.training.blocks import BlockStream
 
 STREAM_STATE = "stream_state.json"
 
@@ -91,25 +94,36 @@ class MiniRopeTrainer(Trainer):
         # Decided once, as Trainer decides `model_accepts_loss_kwargs` (a LoRA model reports its base model's).
         model = unwrap_peft_model(self.accelerator.unwrap_model(self.model))
         self.model_accepts_skip_logits = "skip_logits" in inspect.signature(model.forward).parameters
-        self.stream_state: dict | None = None
-        if isinstance(self.train_dataset, torch.utils.data.IterableDataset):
-            # A stream: accelerate's stateful data loader (torchdata) knows how far it was read, and its state goes
-            # into every checkpoint (`StreamPosition`). Every process reads the stream and keeps its part of each
-            # global batch (accelerate's IterableDatasetShard; see `stream.WholeStream`): the same global batches
-            # as one process, and the same, exact position in every process. With batch dispatching (accelerate's
-            # default for a stream: process 0 reads and sends) the saved position counted a prefetched batch and
-            # a resumed run drifted.
-            self.accelerator.dataloader_config.use_stateful_dataloader = True
+        self.stream_position: StreamPosition | None = None
+        if isinstance(self.train_dataset, BlockStream):
+            # Every process reads the whole stream and keeps its part of each global batch (accelerate's
+            # IterableDatasetShard, once batch dispatching is off): the same global batches as one process, and
+            # the same position in every process. With dispatching (accelerate's default for a stream: process
+            # 0 reads and sends) the position saved counted a batch read ahead, and a resumed run drifted.
+            if self.args.dataloader_num_workers:
+                raise ValueError(
+                    "--streaming reads and tokenizes the stream in the training process: drop "
+                    "--dataloader_num_workers (or set it to 0)."
+                )
             self.accelerator.dataloader_config.dispatch_batches = False
-            self.add_callback(StreamPosition(self))
+            self.stream_position = StreamPosition(self.train_dataset)
+            self.add_callback(self.stream_position)
 
     def train(self, resume_from_checkpoint=None, **kwargs):
-        """`Trainer.train`; resuming a stream from a checkpoint that holds its position continues the stream
-        from there instead of reading and skipping every batch already trained (`ignore_data_skip`)."""
-        state_file = Path(resume_from_checkpoint) / STREAM_STATE if isinstance(resume_from_checkpoint, str) else None
-        streaming = self.accelerator.dataloader_config.use_stateful_dataloader
-        if streaming and state_file is not None and state_file.is_file():
-            self.stream_state = json.loads(state_file.read_text())
+        """`Trainer.train`; resuming a stream from a checkpoint continues the stream from the position saved in
+        it (`StreamPosition`) instead of reading and skipping every batch already trained (`ignore_data_skip`).
+
+        Raises:
+            FileNotFoundError: resuming a stream from a checkpoint that holds no stream position.
+        """
+        if self.stream_position is not None and isinstance(resume_from_checkpoint, str):
+            state_file = Path(resume_from_checkpoint) / STREAM_STATE
+            if not state_file.is_file():
+                raise FileNotFoundError(
+                    f"{resume_from_checkpoint} holds no {STREAM_STATE}, the stream's position: resume a streaming run "
+                    f"from a checkpoint of a streaming run."
+                )
+            self.stream_position.resume_state = json.loads(state_file.read_text())
             self.args.ignore_data_skip = True
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
@@ -139,20 +153,32 @@ class MiniRopeTrainer(Trainer):
 
 
 class StreamPosition(TrainerCallback):
-    """Saves the training stream's position (the data loader's `state_dict()`) as `stream_state.json` in each
-    checkpoint, and restores it when training resumes from one (see `MiniRopeTrainer.train`)."""
+    """Saves the training stream's position after the blocks trained on as `stream_state.json` in each
+    checkpoint, and continues the stream from it when training resumes (see `MiniRopeTrainer.train`).
 
-    def __init__(self, trainer: "MiniRopeTrainer") -> None:
-        self.trainer = trainer
+    The data loader reads ahead of training (a global batch buffered for splitting between processes, one
+    batch prefetched, the micro-batches of a step): the position saved is the stream's after exactly the
+    blocks that the steps so far trained on (`BlockStream.state_at`), the same on every process.
+    """
 
-    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
-        if self.trainer.stream_state is not None:
-            train_dataloader.load_state_dict(self.trainer.stream_state)
+    def __init__(self, stream: BlockStream) -> None:
+        self.stream = stream
+        self.resume_state: dict | None = None
 
-    def on_save(self, args, state, control, train_dataloader=None, **kwargs):
+    @staticmethod
+    def blocks_per_step(args) -> int:
+        return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.stream.states = deque(maxlen=3 * self.blocks_per_step(args) + 1)
+        if self.resume_state is not None:
+            self.stream.load_state_dict(self.resume_state)
+
+    def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-            (folder / STREAM_STATE).write_text(json.dumps(train_dataloader.state_dict()))
+            position = self.stream.state_at(state.global_step * self.blocks_per_step(args))
+            (folder / STREAM_STATE).write_text(json.dumps(position))
 
 
 def resolve_resume(training_args: TrainingArguments) -> str | None:
