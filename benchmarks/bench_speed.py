@@ -46,7 +46,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM, MiniRopeRotaryEmbedding
 from minirope.convert import to_llama
-from minirope.training.trainer import reuse_freed_memory
+from minirope.training.arguments import reuse_freed_memory
 
 RESULTS = Path(__file__).parent / "results"
 SIZES = {

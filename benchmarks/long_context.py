@@ -5,7 +5,7 @@ For each factor (4, 8), type (default, linear, dynamic, yarn, llama3) and seed, 
 with the same budget: `--max_steps` steps of 4096 tokens (batch 4 x 1024 at 4x, 2 x 2048 at 8x). Each run
 evaluates the scaled model before fine-tuning (= inference-time scaling alone; the `default` type before
 fine-tuning is the base model itself) and after, at 256, 512, 1024 and 2048 tokens (sliding windows that
-score their last quarter), and runs the repeat test at every distance of `minirope.evaluation.DISTANCES`.
+score their last quarter), and runs the repeat test at every distance of `minirope.training.evaluation.DISTANCES`.
 
     python benchmarks/long_context.py --base runs/minirope-shakespeare     # ~50 min on 2 CPU cores
     python benchmarks/long_context.py --base DIR --factors 4 --types yarn --seeds 1 --max_steps 20  # smoke
@@ -25,8 +25,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from minirope.evaluation import DISTANCES  # noqa: E402
-from minirope.training import extend  # noqa: E402
+from minirope.commands import extend  # noqa: E402
+from minirope.training.evaluation import DISTANCES  # noqa: E402
 
 EVAL_SIZES = (256, 512, 1024, 2048)
 TOKENS_PER_STEP = 4096
@@ -86,7 +86,7 @@ def tables(results: dict, factors, types) -> str:
 
 
 def plot(results: dict, factors, types, out: Path) -> None:
-    colors = dict(zip(extend.ROPE_TYPES, ("black", "tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True))
+    colors = dict(zip(extend.EXTENSIONS, ("black", "tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True))
     for kind in ("bpb", "repeat"):
         fig, axes = plt.subplots(1, len(factors), figsize=(6.2 * len(factors), 4.4), dpi=120, squeeze=False)
         for ax, factor in zip(axes[0], factors, strict=True):
@@ -135,7 +135,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="runs/minirope-shakespeare", help="The default pretrained model folder.")
     parser.add_argument("--factors", type=int, nargs="+", default=[4, 8])
-    parser.add_argument("--types", nargs="+", default=list(extend.ROPE_TYPES))
+    parser.add_argument("--types", nargs="+", default=list(extend.EXTENSIONS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--max_steps", type=int, default=extend.ExtendingArguments.max_steps)
     parser.add_argument("--learning_rate", type=float, default=extend.ExtendingArguments.learning_rate)

@@ -42,7 +42,7 @@ CURVE_LABELS = {
 def run(name: str, flags: list[str], keep: Path | None) -> dict:
     """One `minirope-pretrain` process with `flags`; its run summary plus the process's wall time."""
     output_dir = keep / name if keep else Path(tempfile.mkdtemp(prefix=f"recipe-{name}-"))
-    command = [sys.executable, "-m", "minirope.training.pretrain", "--output_dir", str(output_dir), *flags]
+    command = [sys.executable, "-m", "minirope.commands.pretrain", "--output_dir", str(output_dir), *flags]
     command += ["--overwrite_output_dir", "True", "--eval_strategy", "no", "--save_strategy", "no"]
     started = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)

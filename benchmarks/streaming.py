@@ -73,7 +73,7 @@ def write_corpus(folder: Path, shape: str, total: int, plays: list[str]) -> str:
 
 def run(name: str, flags: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"stream-{name}-") as output_dir:
-        command = ["/usr/bin/time", "-f", "MAXRSS_KB=%M", sys.executable, "-m", "minirope.training.pretrain",
+        command = ["/usr/bin/time", "-f", "MAXRSS_KB=%M", sys.executable, "-m", "minirope.commands.pretrain",
                    *flags, "--output_dir", output_dir, "--eval_strategy", "no", "--save_strategy", "no",
                    "--logging_steps", "50", "--disable_tqdm", "True", "--report_to", "none",
                    "--sample_max_new_tokens", "1", "--max_eval_samples", "8"]  # fmt: skip

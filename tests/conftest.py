@@ -98,7 +98,7 @@ TINY_RUN = [
 @pytest.fixture(scope="session")
 def tiny_pretrained(tmp_path_factory):
     """A folder written by a tiny `minirope-pretrain` run; tests must not modify it."""
-    from minirope.training import pretrain
+    from minirope.commands import pretrain
 
     output_dir = tmp_path_factory.mktemp("pretrained")
     pretrain.run([*TINY_RUN, "--output_dir", str(output_dir)])

@@ -10,7 +10,7 @@ import torch
 from conftest import TINY_RUN, random_model, tiny_config
 from transformers import AutoModelForCausalLM, Trainer
 
-from minirope.training import finetune, generate, pretrain
+from minirope.commands import finetune, generate, pretrain
 from minirope.training.data import shakespeare_dataset
 from minirope.training.tokenizer import train_tokenizer
 
@@ -145,7 +145,7 @@ def test_truncated_safetensors_and_pickle_only_folders(tmp_path, monkeypatch, ca
 def test_real_process_exit_code(tmp_path):
     missing = str(tmp_path / "nope.txt")
     result = subprocess.run(
-        [sys.executable, "-m", "minirope.training.pretrain", "--train_file", missing, "--validation_file", missing],
+        [sys.executable, "-m", "minirope.commands.pretrain", "--train_file", missing, "--validation_file", missing],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 1

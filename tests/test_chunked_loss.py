@@ -85,7 +85,7 @@ def test_trainer_asks_for_the_loss_alone_in_training_steps_only(tmp_path):
 def test_compiled_model_computes_the_loss_from_logits_with_eager_gradients(monkeypatch):
     """Under torch.compile the fused loss is not used (its gradients came out zero there on CUDA, torch 2.11,
     so compiled training did not learn): the compiled model's loss and gradients equal the eager model's."""
-    import minirope.modeling_minirope as modeling
+    import minirope.kernels_minirope as kernels
 
     model = random_model(tiny_config(), attn="eager").train()
     input_ids = torch.randint(3, model.config.vocab_size, (2, 24))
@@ -97,7 +97,7 @@ def test_compiled_model_computes_the_loss_from_logits_with_eager_gradients(monke
     def refuse(*args, **kwargs):
         raise AssertionError("the fused loss ran inside torch.compile")
 
-    monkeypatch.setattr(modeling, "chunked_causal_lm_loss", refuse)
+    monkeypatch.setattr(kernels, "chunked_causal_lm_loss", refuse)
     compiled = torch.compile(model, backend="aot_eager")  # the autograd tracing that broke, without Inductor's build
     loss = compiled(input_ids=input_ids, labels=input_ids, skip_logits=True).loss
     loss.backward()

@@ -9,10 +9,12 @@ import sys
 import pytest
 import torch
 
-from minirope.kernels_minirope import ONEDNN_LINEAR, MiniRopeLinear, matmul_nt, use_onednn
-from minirope.training.trainer import reuse_freed_memory
+from minirope.kernels_minirope import MiniRopeLinear, matmul_nt, onednn_linear_enabled, use_onednn
+from minirope.training.arguments import reuse_freed_memory
 
-needs_onednn = pytest.mark.skipif(not ONEDNN_LINEAR, reason="oneDNN linear is used on x86 CPUs with mkldnn only")
+needs_onednn = pytest.mark.skipif(
+    not onednn_linear_enabled(), reason="oneDNN linear is used on x86 CPUs with mkldnn only"
+)
 
 
 @needs_onednn
@@ -81,7 +83,7 @@ def test_no_grad_and_non_contiguous_inputs():
 
 
 def test_environment_variable_turns_it_off():
-    code = "import minirope.kernels_minirope as m; print(m.ONEDNN_LINEAR)"
+    code = "import minirope.kernels_minirope as m; print(m.onednn_linear_enabled())"
     env = {**os.environ, "MINIROPE_ONEDNN_LINEAR": "0"}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

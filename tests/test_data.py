@@ -6,7 +6,7 @@ import pytest
 from conftest import TINY_RUN
 from test_bad_input import assert_no_model, cli_error
 
-from minirope.training import pretrain
+from minirope.commands import pretrain
 from minirope.training.data import (
     TextDataArguments,
     bundled_shards,

@@ -45,14 +45,14 @@ def assert_close(single, multi):
 @pytest.fixture(scope="module")
 def single_process(tmp_path_factory):
     out = tmp_path_factory.mktemp("single")
-    launch([sys.executable, "-m", "minirope.training.pretrain", *RUN, "--per_device_train_batch_size", "8",
+    launch([sys.executable, "-m", "minirope.commands.pretrain", *RUN, "--per_device_train_batch_size", "8",
             "--output_dir", str(out)], out)  # fmt: skip
     return out
 
 
 def test_torchrun_two_processes_match_one(single_process, tmp_path):
     launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
-            "minirope.training.pretrain", *RUN, "--per_device_train_batch_size", "4", "--output_dir",
+            "minirope.commands.pretrain", *RUN, "--per_device_train_batch_size", "4", "--output_dir",
             str(tmp_path)], tmp_path)  # fmt: skip
     assert_close(single_process, tmp_path)
     summary = json.loads((tmp_path / "run_summary.json").read_text())
@@ -61,7 +61,7 @@ def test_torchrun_two_processes_match_one(single_process, tmp_path):
 
 def test_accelerate_launch_fine_tuning_runs_on_two_processes(tiny_pretrained, tmp_path):
     launch([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--cpu", "-m",
-            "minirope.training.finetune", "--model_name_or_path", str(tiny_pretrained), "--play", "the-tempest",
+            "minirope.commands.finetune", "--model_name_or_path", str(tiny_pretrained), "--play", "the-tempest",
             "--max_steps", "4", "--per_device_train_batch_size", "2", "--torch_compile", "False",
             "--output_dir", str(tmp_path / "out")], tmp_path)  # fmt: skip
     summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())

@@ -12,8 +12,8 @@ from conftest import TINY_RUN, left_padded_batch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from minirope import MiniRopeForCausalLM
+from minirope.commands import pretrain
 from minirope.export import export_gguf, export_llama, export_onnx
-from minirope.training import pretrain
 from minirope.training.data import shakespeare_dataset
 
 pytestmark = pytest.mark.client
@@ -214,7 +214,7 @@ def test_export_refuses_what_it_cannot_write(client_model, tmp_path):
     assert not (tmp_path / "dynamic.gguf").exists()
     assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []  # no scratch left
     result = subprocess.run(
-        [sys.executable, "-m", "minirope.export", "--model", str(tmp_path / "missing"), "--format", "llama",
+        [sys.executable, "-m", "minirope.commands.export", "--model", str(tmp_path / "missing"), "--format", "llama",
          "--output", str(tmp_path / "never")],
         capture_output=True, text=True,
     )  # fmt: skip

@@ -12,9 +12,9 @@ from test_bad_input import assert_no_model, cli_error
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from minirope import MiniRopeForSequenceClassification
-from minirope.evaluation import repeat_test, repeat_windows
-from minirope.training import extend
+from minirope.commands import extend
 from minirope.training.blocks import document_windows, insert_repeats
+from minirope.training.evaluation import repeat_test, repeat_windows
 from minirope.training.metrics import IGNORE_INDEX
 
 # fmt: off
@@ -26,7 +26,7 @@ TINY_EXTEND = [
 # fmt: on
 
 
-@pytest.mark.parametrize("rope_type", extend.ROPE_TYPES)
+@pytest.mark.parametrize("rope_type", list(extend.EXTENSIONS))
 def test_extended_config_gives_llamas_logits(rope_type):
     """The fields `minirope-extend` writes mean the same in transformers' LlamaForCausalLM (the oracle), at 4x."""
     config = tiny_config()

@@ -7,7 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minirope import MiniRopeForCausalLM
-from minirope.training import finetune
+from minirope.commands import finetune
+from minirope.training.data import load_prompt_completion, prompt_completion_examples
 from minirope.training.metrics import IGNORE_INDEX
 
 FAST = ["--num_train_epochs", "2", "--per_device_train_batch_size", "4", "--torch_compile", "False",
@@ -62,7 +63,8 @@ def test_prompt_completion_trains_on_completions_only(tiny_pretrained, tmp_path)
          "--validation_file", str(tmp_path / "valid.jsonl"), "--block_size", "32"]
     )  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
-    train, _ = finetune.prompt_completion_datasets(args[1], tokenizer, args[2])
+    data_args = args[2]
+    train, _ = prompt_completion_examples(data_args.train_file, data_args.validation_file, tokenizer, data_args)
     row = train[0]
     prompt_length = len(tokenizer(rows[0]["prompt"], add_special_tokens=False).input_ids)
     assert row["labels"][:prompt_length] == [IGNORE_INDEX] * prompt_length
@@ -83,5 +85,5 @@ def test_prompt_completion_trains_on_completions_only(tiny_pretrained, tmp_path)
 def test_bad_jsonl_rows_are_named(tmp_path, line, message):
     (tmp_path / "t.jsonl").write_text('{"prompt": "a", "completion": "b"}\n' + line + "\n")
     with pytest.raises(ValueError, match=message) as error:
-        finetune.load_prompt_completion([str(tmp_path / "t.jsonl")], [str(tmp_path / "t.jsonl")])
+        load_prompt_completion([str(tmp_path / "t.jsonl")], [str(tmp_path / "t.jsonl")])
     assert "line 2" in str(error.value)

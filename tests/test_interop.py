@@ -54,7 +54,14 @@ def test_folder_loads_as_remote_code_where_minirope_is_not_importable(tmp_path):
     input_ids, attention_mask, _ = left_padded_batch(model.config.vocab_size)
     torch.save({"input_ids": input_ids, "attention_mask": attention_mask}, tmp_path / "inputs.pt")
     package = Path(minirope.__file__).parent
-    for name in ("modeling_minirope.py", "configuration_minirope.py", "kernels_minirope.py"):  # shipped unchanged
+    shipped = (
+        "modeling_minirope.py",
+        "configuration_minirope.py",
+        "kernels_minirope.py",
+        "rotary_minirope.py",
+        "loading_minirope.py",
+    )
+    for name in shipped:  # shipped unchanged
         assert filecmp.cmp(tmp_path / "model" / name, package / name, shallow=False), name
 
     script = textwrap.dedent(

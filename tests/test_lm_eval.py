@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_RUN
 
-from minirope.training import pretrain
+from minirope.commands import pretrain
 from minirope.training.data import shakespeare_dataset
 
 EVALS = Path(__file__).parent.parent / "evals"

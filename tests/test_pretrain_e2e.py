@@ -11,7 +11,7 @@ from conftest import TINY_RUN
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
 from minirope import MiniRopeForCausalLM
-from minirope.training import pretrain
+from minirope.commands import pretrain
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +32,8 @@ def test_writes_a_complete_hugging_face_folder(tiny_run):
         "modeling_minirope.py",
         "configuration_minirope.py",
         "kernels_minirope.py",
+        "rotary_minirope.py",
+        "loading_minirope.py",
         "eval_results.json",
         "train_results.json",
         "all_results.json",
@@ -98,7 +100,7 @@ def test_generate_cli_streams_text(tiny_run):
         [
             sys.executable,
             "-m",
-            "minirope.training.generate",
+            "minirope.commands.generate",
             "--model",
             str(output_dir),
             "--prompt",
@@ -122,7 +124,7 @@ def test_generate_cli_streams_text(tiny_run):
 
 def test_generate_cli_fails_clearly_on_a_missing_model(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "minirope.training.generate", "--model", str(tmp_path / "nope"), "--prompt", "x"],
+        [sys.executable, "-m", "minirope.commands.generate", "--model", str(tmp_path / "nope"), "--prompt", "x"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -8,7 +8,7 @@ import time
 
 from conftest import TINY_RUN
 
-from minirope.training import pretrain
+from minirope.commands import pretrain
 
 # fp32 for bit-level determinism; no periodic evaluation; a checkpoint every 10 of 120 steps.
 RUN = [*TINY_RUN, "--bf16", "False", "--max_steps", "120", "--save_steps", "10", "--eval_strategy", "no",
@@ -30,7 +30,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
     want = pretrain.run([*RUN, "--output_dir", str(tmp_path / "uninterrupted")])
 
     out = tmp_path / "killed"
-    kill_when_written([sys.executable, "-m", "minirope.training.pretrain", *RUN, "--output_dir", str(out)],
+    kill_when_written([sys.executable, "-m", "minirope.commands.pretrain", *RUN, "--output_dir", str(out)],
                       out / "checkpoint-10" / "trainer_state.json")  # fmt: skip
     # the killed run left checkpoints, and no folder that looks like a finished model
     assert not (out / "config.json").exists() and not (out / "model.safetensors").exists()

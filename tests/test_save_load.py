@@ -20,6 +20,8 @@ def test_round_trip_is_bit_identical_and_ships_remote_code(tmp_path, layout):
         "modeling_minirope.py",
         "configuration_minirope.py",
         "kernels_minirope.py",
+        "rotary_minirope.py",
+        "loading_minirope.py",
     } <= files
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["model_type"] == "minirope"

@@ -18,7 +18,8 @@ from test_resume import kill_when_written
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from minirope.training import documents, pretrain
+from minirope.commands import pretrain
+from minirope.training import documents
 from minirope.training.blocks import BlockStream, shuffled_shards
 from minirope.training.data import (
     TextDataArguments,
@@ -221,9 +222,9 @@ def test_tiny_streaming_pretraining_runs_and_two_processes_match_one(shards, tmp
            "--save_steps", "5", "--save_total_limit", "3", "--logging_steps", "1", "--seed", "1",
            "--max_train_samples", "1000", "--shuffle_buffer_size", "64"]  # fmt: skip
     single, double, resumed = tmp_path / "single", tmp_path / "double", tmp_path / "resumed"
-    two = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "minirope.training.pretrain",
+    two = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "minirope.commands.pretrain",
            *run, "--per_device_train_batch_size", "4"]  # fmt: skip
-    launch([sys.executable, "-m", "minirope.training.pretrain", *run, "--per_device_train_batch_size", "8",
+    launch([sys.executable, "-m", "minirope.commands.pretrain", *run, "--per_device_train_batch_size", "8",
             "--output_dir", str(single)], tmp_path)  # fmt: skip
     launch([*two, "--output_dir", str(double)], tmp_path)
     assert_close(single, double)
@@ -274,7 +275,7 @@ def test_bad_shards(shards, tmp_path, monkeypatch, capsys):
 
 def test_real_process_exit_code_for_a_glob_that_matches_nothing(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "minirope.training.pretrain", "--streaming", "True", "--train_file",
+        [sys.executable, "-m", "minirope.commands.pretrain", "--streaming", "True", "--train_file",
          str(tmp_path / "*.jsonl"), "--output_dir", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -301,7 +302,7 @@ def test_sigkill_then_resume_continues_the_shuffled_stream_from_the_checkpoint(t
     want = pretrain.run([*run, "--output_dir", str(tmp_path / "uninterrupted")])
 
     out = tmp_path / "killed"
-    kill_when_written([sys.executable, "-m", "minirope.training.pretrain", *run, "--output_dir", str(out)],
+    kill_when_written([sys.executable, "-m", "minirope.commands.pretrain", *run, "--output_dir", str(out)],
                       out / "checkpoint-20" / "stream_state.json")  # fmt: skip
     window_start = json.loads((out / "checkpoint-20" / "stream_state.json").read_text())["window"]
     assert window_start["epoch"] == 0 and window_start["shard"] >= 2

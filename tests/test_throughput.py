@@ -53,7 +53,7 @@ def test_matmul_peak_is_a_plausible_rate():
 
 def test_precision_and_compile_defaults_follow_the_bf16_measurement(monkeypatch):
     """`--bf16` unset: on where `bf16_is_faster` says so; `--torch_compile` (pretraining) follows it."""
-    from minirope.training import pretrain, trainer
+    from minirope.commands import pretrain, trainer
 
     for fast in (True, False):
         monkeypatch.setattr(trainer, "bf16_is_faster", lambda device, fast=fast: fast)
@@ -70,7 +70,7 @@ def test_float32_peak_is_measured_in_float32():
 
 
 def test_warmup_stable_decay_decays_over_the_last_quarter_by_default():
-    from minirope.training import pretrain
+    from minirope.commands import pretrain
 
     assert pretrain.parse_args(["--max_steps", "100"])[2].lr_scheduler_kwargs == {"num_decay_steps": 25}
     args = pretrain.parse_args(["--max_steps", "100", "--lr_scheduler_kwargs", '{"num_decay_steps": 7}'])[2]

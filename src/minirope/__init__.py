@@ -10,6 +10,7 @@ import transformers
 
 from . import modeling_minirope
 from .configuration_minirope import MiniRopeConfig
+from .loading_minirope import AUTO_CLASSES
 from .modeling_minirope import (
     MiniRopeForCausalLM,
     MiniRopeForQuestionAnswering,
@@ -17,14 +18,12 @@ from .modeling_minirope import (
     MiniRopeForTokenClassification,
     MiniRopeModel,
     MiniRopePreTrainedModel,
-    MiniRopeRotaryEmbedding,
-    apply_rotary_pos_emb,
-    rotate_half,
 )
+from .rotary_minirope import MiniRopeRotaryEmbedding, apply_rotary_pos_emb, rotate_half
 
 transformers.AutoConfig.register(MiniRopeConfig.model_type, MiniRopeConfig, exist_ok=True)
 MiniRopeConfig.register_for_auto_class()
-for auto_name, class_name in modeling_minirope.AUTO_CLASSES.items():
+for auto_name, class_name in AUTO_CLASSES.items():
     model_class = getattr(modeling_minirope, class_name)
     getattr(transformers, auto_name).register(MiniRopeConfig, model_class, exist_ok=True)
     model_class.register_for_auto_class(auto_name)

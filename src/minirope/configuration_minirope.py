@@ -151,4 +151,12 @@ class MiniRopeConfig(PreTrainedConfig):
         self.validate_rope()
 
 
+# The fields that define the network (its weights' shapes and what it computes), in declaration order: a folder
+# whose config differs in one of them holds another model.
+ARCHITECTURE_FIELDS = tuple(
+    name
+    for name in MiniRopeConfig.__annotations__
+    if name not in ("initializer_range", "use_cache", "attention_dropout") and not name.endswith("token_id")
+)
+
 __all__ = ["MiniRopeConfig"]

@@ -20,27 +20,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from minirope.configuration_minirope import MiniRopeConfig
 from minirope.modeling_minirope import MiniRopeForCausalLM
 
-SHARED_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "hidden_act",
-    "max_position_embeddings",
-    "initializer_range",
-    "rms_norm_eps",
-    "use_cache",
-    "pad_token_id",
-    "bos_token_id",
-    "eos_token_id",
-    "tie_word_embeddings",
-    "attention_bias",
-    "attention_dropout",
-    "mlp_bias",
-)
+# Every field a minirope config declares means the same in a LlamaConfig; RoPE's dict is copied apart.
+SHARED_FIELDS = tuple(name for name in MiniRopeConfig.__annotations__ if name != "rope_parameters")
 
 
 def _copy_config(source, target_class):

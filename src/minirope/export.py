@@ -1,8 +1,5 @@
-"""`minirope-export`: a trained folder as a plain Llama folder, a GGUF file for llama.cpp, or an ONNX model.
-
-    minirope-export --model runs/minirope-shakespeare --format llama --output exports/llama
-    minirope-export --model runs/minirope-shakespeare --format gguf --output exports/model.gguf --outtype q8_0
-    minirope-export --model runs/minirope-shakespeare --format onnx --output exports/onnx
+"""A trained minirope folder as a plain Llama folder, a GGUF file for llama.cpp, or an ONNX model (the library behind
+`minirope-export`: `export_llama`, `export_gguf`, `export_onnx`).
 
 Each target is written next to its final path and moved there only once complete, so a failed export leaves
 nothing half-written; an existing output is replaced only with `--overwrite`.
@@ -20,34 +17,24 @@ nothing half-written; an existing output is replaced only with `--overwrite`.
 """
 
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
-from transformers import AutoTokenizer, HfArgumentParser, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from minirope.convert import half_split_to_interleaved, to_llama
+from minirope.folders import ModelArguments, load_causal_lm
 from minirope.modeling_minirope import MiniRopeForCausalLM
-from minirope.training.cli import run_cli
 
 FORMATS = ("llama", "gguf", "onnx")
 GGUF_OUTTYPES = ("f32", "f16", "q8_0")
-
-
-@dataclass
-class ExportArguments:
-    model: str = field(metadata={"help": "A folder written by minirope (save_pretrained, with its tokenizer)."})
-    format: str = field(metadata={"help": "llama (a plain Llama folder), gguf (one file) or onnx (a folder)."})
-    output: str = field(metadata={"help": "Where to write: a folder (llama, onnx) or a .gguf file."})
-    outtype: str = field(default="f32", metadata={"help": "GGUF weight type: f32, f16 or q8_0 (norms stay f32)."})
-    overwrite: bool = field(default=False, metadata={"help": "Replace an existing output."})
+GGUF_ROPE_TYPES = ("default", "linear", "yarn", "llama3")  # what llama.cpp's `llama` architecture can express
 
 
 @contextmanager
@@ -74,15 +61,12 @@ def load(model_dir: str | Path) -> tuple[MiniRopeForCausalLM, PreTrainedTokenize
     """The model (float32, eval) and tokenizer of a minirope folder.
 
     Raises:
-        OSError: no loadable model or no tokenizer in the folder.
+        ValueError, OSError: not a minirope causal LM with its tokenizer (`minirope.folders.load_causal_lm`).
     """
-    try:
-        model = MiniRopeForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    except (OSError, ValueError) as error:
-        reason = str(error).strip().splitlines()[0]
-        raise OSError(f"cannot load a minirope model and tokenizer from {str(model_dir)!r}: {reason}") from error
-    return model, tokenizer
+    model, tokenizer = load_causal_lm(ModelArguments(str(model_dir)), dtype=torch.float32)
+    if not isinstance(model, MiniRopeForCausalLM):
+        raise ValueError(f"{str(model_dir)!r} holds a {type(model).__name__}: the exports read minirope folders.")
+    return model.eval(), tokenizer
 
 
 def export_llama(model_dir: str | Path, output: str | Path, overwrite: bool = False) -> Path:
@@ -111,6 +95,11 @@ def gguf_rope_scaling(config, writer, gguf) -> np.ndarray | None:
     """
     rope = config.rope_parameters
     rope_type = rope["rope_type"]
+    if rope_type not in GGUF_ROPE_TYPES:
+        raise ValueError(
+            f"rope_type {rope_type!r} has no GGUF form llama.cpp's llama architecture runs (it runs "
+            f"{', '.join(GGUF_ROPE_TYPES)}): export with --format llama or onnx, or fine-tune with one of those types."
+        )
     writer.add_rope_freq_base(rope["rope_theta"])
     if rope_type == "default":
         return None
@@ -129,14 +118,10 @@ def gguf_rope_scaling(config, writer, gguf) -> np.ndarray | None:
         if rope.get("attention_factor") is not None:
             writer.add_rope_scaling_yarn_attn_factor(rope["attention_factor"])
         return None
-    if rope_type == "llama3":  # llama.cpp divides each pair's frequency by a factor: the `rope_freqs` tensor
-        scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, None)
-        exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
-        return (1.0 / rope["rope_theta"] ** exponents / scaled).numpy().astype(np.float32)
-    raise ValueError(
-        f"rope_type {rope_type!r} has no GGUF form llama.cpp's llama architecture runs (it runs default, linear, "
-        f"yarn and llama3): export with --format llama or onnx, or fine-tune with one of those types."
-    )
+    # llama3: llama.cpp divides each pair's frequency by a factor, the `rope_freqs` tensor
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, None)
+    exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
+    return (1.0 / rope["rope_theta"] ** exponents / scaled).numpy().astype(np.float32)
 
 
 def gguf_vocabulary(tokenizer: PreTrainedTokenizerBase, vocab_size: int, gguf) -> tuple[list[str], list[int]]:
@@ -284,32 +269,3 @@ def export_onnx(model_dir: str | Path, output: str | Path, overwrite: bool = Fal
         model.config.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
     return output
-
-
-def run(argv: list[str] | None = None) -> Path:
-    """Parse `argv` (default: the command line), write the export and return its path.
-
-    Raises:
-        ValueError: an unknown format or outtype, or a model the target cannot express.
-        OSError: no loadable model and tokenizer in `--model`.
-        FileExistsError: the output exists and `--overwrite` is not set.
-    """
-    (args,) = HfArgumentParser(ExportArguments).parse_args_into_dataclasses(args=argv)
-    if args.format not in FORMATS:
-        raise ValueError(f"--format {args.format!r} is not one of {', '.join(FORMATS)}.")
-    if args.format == "gguf":
-        path = export_gguf(args.model, args.output, args.outtype, args.overwrite)
-    elif args.format == "onnx":
-        path = export_onnx(args.model, args.output, args.overwrite)
-    else:
-        path = export_llama(args.model, args.output, args.overwrite)
-    print(f"minirope-export: wrote {path}", file=sys.stderr)
-    return path
-
-
-def main() -> None:
-    run_cli("minirope-export", run)
-
-
-if __name__ == "__main__":
-    main()

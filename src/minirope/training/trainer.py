@@ -1,85 +1,19 @@
-"""The Trainer the minirope scripts use: transformers' `Trainer` with a guard against non-finite losses."""
+"""The Trainer the minirope commands use: transformers' `Trainer` with a guard against non-finite losses, the
+fused loss for training steps and a resumable stream position; and finding the checkpoint to resume."""
 
-import ctypes
-import ctypes.util
 import inspect
 import json
-import sys
-import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_peft_model
 
 from minirope.training.blocks import BlockStream
+from minirope.training.errors import NonFiniteLossError
 
 STREAM_STATE = "stream_state.json"
-
-
-def bf16_is_faster(device: torch.device, size: int = 512) -> bool:
-    """Whether bf16 matrix products beat float32 ones on `device`, timed on one `(size, size)` product each.
-
-    On CUDA, whether the GPU supports bf16. CPUs differ by two orders of magnitude: with AVX-512 BF16 or AMX,
-    bf16 products run about 4x faster than float32; without them (e.g. AMD Zen 3, AVX2 only) PyTorch emulates
-    bf16 about 150x slower (measured on this project's machines: 132 vs 0.9 GFLOP/s).
-    """
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type != "cpu":
-        return False
-    seconds = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        a = torch.randn(size, size, dtype=dtype)
-        a @ a  # warm-up
-        start = time.perf_counter()
-        a @ a
-        seconds[dtype] = time.perf_counter() - start
-    return seconds[torch.bfloat16] < seconds[torch.float32]
-
-
-@dataclass
-class MiniRopeTrainingArguments(TrainingArguments):
-    """`TrainingArguments` with the defaults both minirope scripts share, plus `--overwrite_output_dir`."""
-
-    overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Replace a different model already in --output_dir."}
-    )
-    bf16: bool | None = field(
-        default=None,
-        metadata={
-            "help": "bf16 mixed precision. Default: on where bf16 matrix products are faster than float32 "
-            "(timed at start; see minirope.training.trainer.bf16_is_faster), else float32."
-        },
-    )
-    # CPU only where there is no GPU/accelerator (with one, Trainer/accelerate place the model on it).
-    use_cpu: bool = not torch.accelerator.is_available()
-    per_device_eval_batch_size: int = 32
-    lr_scheduler_type: str = "cosine"
-    seed: int = 42
-
-    def __post_init__(self) -> None:
-        if self.bf16 is None:
-            device = torch.device("cpu") if self.use_cpu else torch.accelerator.current_accelerator()
-            self.bf16 = bf16_is_faster(device)
-        if self.torch_compile is None:  # a script's "decide for me" default: compile where bf16 runs
-            self.torch_compile = self.bf16
-        super().__post_init__()
-
-
-def parse_cli_args(dataclass_types: tuple, argv: list[str] | None = None) -> tuple:
-    """`HfArgumentParser` over `dataclass_types`; a single `.json` argument is read as a file of arguments."""
-    parser = HfArgumentParser(dataclass_types)
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(argv[0])
-    return parser.parse_args_into_dataclasses(args=argv)
-
-
-class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite; raised before the optimizer step, so no update is applied."""
 
 
 class MiniRopeTrainer(Trainer):
@@ -217,39 +151,6 @@ def final_evaluation(trainer: Trainer) -> dict:
     if evaluations and evaluations[-1]["step"] == trainer.state.global_step:
         return {key: value for key, value in evaluations[-1].items() if key.startswith("eval_") or key == "epoch"}
     return trainer.evaluate()
-
-
-def scheduler_name(training_args: TrainingArguments) -> str:
-    scheduler = training_args.lr_scheduler_type
-    return getattr(scheduler, "value", scheduler)
-
-
-def default_attention(training_args: TrainingArguments) -> str:
-    """The attention kernel when `--attn_implementation` is not given: `eager` on CPU, else `sdpa`.
-
-    Measured on the default pretraining step (16 x 256 tokens, bf16, compiled, 2-core CPU): 0.32 s with eager
-    attention (matrix products plus a softmax Inductor fuses) against 0.43 s with PyTorch's CPU flash-attention
-    kernel behind `sdpa`. Same function: `tests/test_model_conformance.py` checks eager = sdpa.
-    """
-    return "eager" if training_args.device.type == "cpu" else "sdpa"
-
-
-def reuse_freed_memory() -> bool:
-    """Keep memory freed by one training step for the next (glibc on Linux; CPU training).
-
-    By default glibc returns large freed blocks to the OS, so every step page-faults its activations back in,
-    which on the benchmark machine costs more than some of the arithmetic. This serves allocations up to 32 MiB
-    (glibc's ceiling) from the heap and never trims it: the default pretraining step went from 0.61 to 0.42 s.
-    The process keeps its peak resident memory until it exits. Returns whether glibc accepted the settings.
-    """
-    path = ctypes.util.find_library("c")
-    if sys.platform != "linux" or path is None:
-        return False
-    libc = ctypes.CDLL(path)
-    if not hasattr(libc, "mallopt"):  # not glibc
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_mmap_threshold, 32 * 2**20)) and bool(libc.mallopt(m_trim_threshold, 2**30))
 
 
 def parallelism(trainer: Trainer) -> dict:

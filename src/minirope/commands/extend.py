@@ -26,15 +26,13 @@ and llama3). The types, as transformers' `ROPE_INIT_FUNCTIONS` define them (orig
 `--do_train False` writes the scaled model without fine-tuning (inference-time scaling alone).
 """
 
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, default_data_collator, set_seed
+from transformers import default_data_collator
 
-import minirope  # noqa: F401  (registers the minirope classes with the Auto factories)
-from minirope.evaluation import DISTANCES, repeat_test
-from minirope.training.cli import run_cli
+from minirope.commands import run_cli
+from minirope.folders import ModelArguments, load_causal_lm, load_config
+from minirope.training.arguments import MiniRopeTrainingArguments, start_run
 from minirope.training.data import (
     BUNDLED_CORPUS,
     TextDataArguments,
@@ -45,35 +43,26 @@ from minirope.training.data import (
     validation_shards,
     validation_windows,
 )
+from minirope.training.evaluation import DISTANCES, repeat_test
 from minirope.training.metrics import language_model_metrics
-from minirope.training.output import check_output_dir, finish_run, model_card
-from minirope.training.trainer import (
-    MiniRopeTrainer,
-    MiniRopeTrainingArguments,
-    default_attention,
-    parallelism,
-    parse_cli_args,
-    resolve_resume,
-    reuse_freed_memory,
-    scheduler_name,
-)
+from minirope.training.output import check_output_dir, finish_run, model_card, optimizer_description
+from minirope.training.trainer import MiniRopeTrainer, parallelism
 
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
-EXTRA_PARAMETERS = {
-    "llama3": {"low_freq_factor": 1.0, "high_freq_factor": 4.0},
+# The scalings minirope-extend writes, with the parameters it sets beside `factor` and
+# `original_max_position_embeddings` (`longrope` needs per-dimension factors fitted to a model: not written here).
+EXTENSIONS = {
+    "default": {},
+    "linear": {},
+    "dynamic": {},
     "yarn": {"beta_fast": 32.0, "beta_slow": 1.0},
+    "llama3": {"low_freq_factor": 1.0, "high_freq_factor": 4.0},
 }
 
 
 @dataclass
 class ExtendArguments:
-    model_name_or_path: str = field(metadata={"help": "A causal LM folder written by save_pretrained, or a Hub id."})
-    rope_type: str = field(default="yarn", metadata={"help": f"One of {', '.join(ROPE_TYPES)}."})
+    rope_type: str = field(default="yarn", metadata={"help": f"One of {', '.join(EXTENSIONS)}."})
     factor: float = field(default=4.0, metadata={"help": "New context = factor x the trained context (> 1)."})
-    trust_remote_code: bool = field(default=False, metadata={"help": "Allow the folder's own model code."})
-    attn_implementation: str | None = field(
-        default=None, metadata={"help": "eager, sdpa, ... Default: eager when training on CPU, else sdpa."}
-    )
     eval_block_sizes: list[int] | None = field(
         default=None, metadata={"help": "Window lengths to evaluate at; default the old and the new context."}
     )
@@ -116,10 +105,6 @@ class ExtendingArguments(MiniRopeTrainingArguments):
     save_strategy: str = "no"
 
 
-def parse_args(argv: list[str] | None = None):
-    return parse_cli_args((ExtendArguments, ExtendDataArguments, ExtendingArguments), argv)
-
-
 def extended_rope(config, rope_type: str, factor: float, block_size: int) -> dict:
     """The config fields that extend `config` (trained at `config.max_position_embeddings` tokens) by `factor`.
 
@@ -132,8 +117,8 @@ def extended_rope(config, rope_type: str, factor: float, block_size: int) -> dic
         ValueError: an unknown `rope_type`, `factor <= 1`, a `block_size` beyond factor x the original
             context, or a model whose RoPE is already scaled.
     """
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(f"--rope_type {rope_type!r} is not one of {', '.join(ROPE_TYPES)}: pick one of them.")
+    if rope_type not in EXTENSIONS:
+        raise ValueError(f"--rope_type {rope_type!r} is not one of {', '.join(EXTENSIONS)}: pick one of them.")
     if not factor > 1:
         raise ValueError(f"--factor must be > 1 (new context = factor x the trained one), got {factor}: e.g. 4.")
     current = dict(config.rope_parameters or {"rope_type": "default", "rope_theta": 10000.0})
@@ -155,35 +140,9 @@ def extended_rope(config, rope_type: str, factor: float, block_size: int) -> dic
         "rope_theta": current["rope_theta"],
         "factor": float(factor),
         "original_max_position_embeddings": original,
-        **EXTRA_PARAMETERS.get(rope_type, {}),
+        **EXTENSIONS[rope_type],
     }
     return {"rope_parameters": rope, "max_position_embeddings": original if rope_type == "dynamic" else block_size}
-
-
-def load_causal_lm_config(model_args: ExtendArguments):
-    """The folder's config, after checking that it holds a causal LM with RoPE.
-
-    Raises:
-        ValueError: no config, a config no Auto class knows, or architectures that are not a causal LM.
-    """
-    path = model_args.model_name_or_path
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
-    except (OSError, ValueError) as error:
-        reason = str(error).strip().splitlines()[0]
-        raise ValueError(
-            f"--model_name_or_path {path} is not a model folder ({reason}): give a folder written by "
-            f"minirope-pretrain or save_pretrained."
-        ) from None
-    architectures = config.architectures or []
-    if architectures and not any(name.endswith("ForCausalLM") for name in architectures):
-        raise ValueError(
-            f"--model_name_or_path {path} holds {', '.join(architectures)}, not a causal LM: extend the "
-            f"pretrained model (a *ForCausalLM folder) before adding a task head."
-        )
-    if not hasattr(config, "rope_parameters") or not hasattr(config, "max_position_embeddings"):
-        raise ValueError(f"--model_name_or_path {path} ({config.model_type}) has no rope_parameters to scale.")
-    return config
 
 
 def evaluate_at(trainer, windows: dict, prefix: str) -> dict[str, float]:
@@ -195,133 +154,127 @@ def evaluate_at(trainer, windows: dict, prefix: str) -> dict[str, float]:
     return metrics
 
 
+def scaled_config(model_args: ModelArguments, args: ExtendArguments, data_args: ExtendDataArguments):
+    """The folder's config with `extended_rope`'s fields, and the context it was trained at; sets the block size.
+
+    Raises:
+        ValueError: not a causal LM folder, a model without RoPE, or bad scaling flags (see `extended_rope`).
+    """
+    config = load_config(model_args)
+    if not hasattr(config, "rope_parameters") or not hasattr(config, "max_position_embeddings"):
+        raise ValueError(f"{model_args.model_name_or_path!r} ({config.model_type}) has no rope_parameters to scale.")
+    original = config.max_position_embeddings
+    data_args.block_size = data_args.block_size or round(args.factor * original)
+    config.update(extended_rope(config, args.rope_type, args.factor, data_args.block_size))
+    return config, original
+
+
+def measure(trainer, model, tokenizer, windows: dict, documents: list[str], args: ExtendArguments, prefix: str):
+    """Bits per byte at each window length (`evaluate_at`) and the repeat test, under `prefix`."""
+    distances = tuple(args.repeat_distances or DISTANCES)
+    repeats = repeat_test(model, tokenizer, documents, distances, samples=args.repeat_samples)
+    return evaluate_at(trainer, windows, prefix), repeats
+
+
 def run(argv: list[str] | None = None) -> dict:
     """Parse `argv`, extend, fine-tune, save, and return the summary (metrics before and after).
 
     Raises:
-        ValueError, FileNotFoundError: bad flags, model folder or data; nothing is written.
+        ValueError, OSError: bad flags, model folder or data; nothing is written.
     """
-    model_args, data_args, training_args = parse_args(argv)
-    set_seed(training_args.seed)
-    if training_args.device.type == "cpu":
-        reuse_freed_memory()
-    started = time.perf_counter()
-    output_dir = Path(training_args.output_dir)
-    resume = resolve_resume(training_args)
-    config = load_causal_lm_config(model_args)
-    original = config.max_position_embeddings
-    data_args.block_size = data_args.block_size or round(model_args.factor * original)
-    scaled = extended_rope(config, model_args.rope_type, model_args.factor, data_args.block_size)
-    config.update(scaled)
-    check_output_dir(output_dir, config, overwrite=training_args.overwrite_output_dir or resume is not None)
-
-    tokenizer = AutoTokenizer.from_pretrained(
-        model_args.model_name_or_path, trust_remote_code=model_args.trust_remote_code
-    )
-    model = AutoModelForCausalLM.from_pretrained(
-        model_args.model_name_or_path,
-        config=config,
-        trust_remote_code=model_args.trust_remote_code,
-        attn_implementation=model_args.attn_implementation or default_attention(training_args),
-    )
+    dataclasses = (ModelArguments, ExtendArguments, ExtendDataArguments, ExtendingArguments)
+    model_args, args, data_args, training_args, start = start_run(dataclasses, argv)
+    config, original = scaled_config(model_args, args, data_args)
+    check_output_dir(start.output_dir, config, overwrite=training_args.overwrite_output_dir or start.resume is not None)
+    model, tokenizer = load_causal_lm(model_args, config=config, attn_implementation=training_args.attention())
     train_shards, validation = training_shards(data_args), validation_shards(data_args)
-    train_dataset = (
-        training_blocks(train_shards, tokenizer, data_args, training_args.seed) if training_args.do_train else None
-    )
-    eval_sizes = model_args.eval_block_sizes or sorted({original, data_args.block_size})
+    train = training_blocks(train_shards, tokenizer, data_args, training_args.seed) if training_args.do_train else None
+    eval_sizes = args.eval_block_sizes or sorted({original, data_args.block_size})
     windows = {
         size: validation_windows(
-            validation, tokenizer, size, stride=size // 4, max_document_tokens=model_args.eval_document_tokens
+            validation, tokenizer, size, stride=size // 4, max_document_tokens=args.eval_document_tokens
         )
         for size in eval_sizes
     }
-    distances = tuple(model_args.repeat_distances or DISTANCES)
     documents = document_texts(validation)
-
     trainer = MiniRopeTrainer(
         model=model,
         args=training_args,
-        train_dataset=train_dataset,
+        train_dataset=train,
         data_collator=default_data_collator,
         processing_class=tokenizer,
         **language_model_metrics(tokenizer),
     )
-    before = evaluate_at(trainer, windows, "before")
-    repeats_before = repeat_test(model, tokenizer, documents, distances, samples=model_args.repeat_samples)
-    train_metrics, after, repeats_after = (
-        {},
-        {key.replace("before", "after", 1): v for key, v in before.items()},
-        repeats_before,
-    )
-    if training_args.do_train:
-        train_metrics = trainer.train(resume_from_checkpoint=resume).metrics
-        after = evaluate_at(trainer, windows, "after")
-        repeats_after = repeat_test(trainer.model, tokenizer, documents, distances, samples=model_args.repeat_samples)
 
-    steps = trainer.state.global_step
-    tokens_per_step = (
-        training_args.world_size
-        * data_args.block_size
-        * (training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps)
-    )
+    before = measure(trainer, model, tokenizer, windows, documents, args, "before")
+    train_metrics, after = {}, ({key.replace("before", "after", 1): v for key, v in before[0].items()}, before[1])
+    if training_args.do_train:
+        train_metrics = trainer.train(resume_from_checkpoint=start.resume).metrics
+        after = measure(trainer, trainer.model, tokenizer, windows, documents, args, "after")
+
+    return report(trainer, model_args, args, data_args, start, original, eval_sizes, before, after, train_metrics)
+
+
+def report(trainer, model_args, args, data_args, start, original, eval_sizes, before, after, train_metrics) -> dict:
+    """Write the folder (model, card, metrics, summary), print the measures before -> after, return the summary."""
+    (before, repeats_before), (after, repeats_after) = before, after
+    config, steps, base = trainer.model.config, trainer.state.global_step, model_args.model_name_or_path
+    tokens = steps * trainer.args.world_size * data_args.block_size * trainer.args.per_device_train_batch_size
+    tokens *= trainer.args.gradient_accumulation_steps
     summary = {
-        "base_model": model_args.model_name_or_path,
-        "rope_type": model_args.rope_type,
-        "factor": model_args.factor,
+        "base_model": base,
+        "rope_type": args.rope_type,
+        "factor": args.factor,
         "original_context": original,
         "block_size": data_args.block_size,
         "rope_parameters": config.rope_parameters,
         "max_position_embeddings": config.max_position_embeddings,
         "repeat_fraction": data_args.repeat_fraction,
         "steps": steps,
-        "train_tokens": steps * tokens_per_step,
-        "wall_seconds": round(time.perf_counter() - started, 1),
+        "train_tokens": tokens,
+        "wall_seconds": start.seconds(),
         **parallelism(trainer),
         **before,
         **after,
         "repeat_before": repeats_before,
         "repeat_after": repeats_after,
     }
-    scaling = f"`{model_args.rope_type}` RoPE scaling, factor {model_args.factor:g}"
+    scaling = f"`{args.rope_type}` RoPE scaling, factor {args.factor:g}"
+    changes = [
+        f"{size} tokens {before[f'before_{size}_bits_per_byte']:.4f} -> {after[f'after_{size}_bits_per_byte']:.4f}"
+        for size in eval_sizes
+    ]
+    training = (
+        f"{steps} steps ({tokens:,} tokens), {optimizer_description(trainer.args)}, {data_args.repeat_fraction:.0%} "
+        f"of the blocks with a repeated passage"
+        if trainer.args.do_train
+        else "no fine-tuning (inference-time scaling)"
+    )
     how_trained = (
-        f"Context extended from {original} to {data_args.block_size} tokens from `{model_args.model_name_or_path}` "
-        f"with `minirope-extend` ({scaling}): "
-        + (
-            f"{steps} steps of {tokens_per_step} tokens ({steps * tokens_per_step:,} tokens), AdamW lr "
-            f"{training_args.learning_rate} ({scheduler_name(training_args)}), {data_args.repeat_fraction:.0%} of "
-            f"the blocks with a repeated passage."
-            if training_args.do_train
-            else "no fine-tuning (inference-time scaling)."
-        )
-        + " Validation bits per byte (sliding windows), before -> after: "
-        + ", ".join(
-            f"{size} tokens {before[f'before_{size}_bits_per_byte']:.4f} -> {after[f'after_{size}_bits_per_byte']:.4f}"
-            for size in eval_sizes
-        )
-        + "."
+        f"Context extended from {original} to {data_args.block_size} tokens from `{base}` with `minirope-extend` "
+        f"({scaling}): {training}. Validation bits per byte (sliding windows), before -> after: {', '.join(changes)}."
     )
     largest = max(eval_sizes)
     card_metrics = {f"eval_{key}": after[f"after_{largest}_{key}"] for key in ("bits_per_byte", "nats_per_token")}
     card = model_card(
-        name=output_dir.name,
+        name=start.output_dir.name,
         config=config,
         metrics=card_metrics,
-        dataset=data_description(data_args) or BUNDLED_CORPUS,
         how_trained=how_trained,
-        base_model=model_args.model_name_or_path,
+        dataset=data_description(data_args) or BUNDLED_CORPUS,
+        base_model=base,
     )
-    finish_run(trainer, train_metrics=train_metrics, eval_metrics={**before, **after}, card=card, summary=summary)
-    if trainer.is_world_process_zero():
-        print(f"\n[minirope] {scaling}, {original} -> {data_args.block_size} tokens, {steps} steps")
-        for size in eval_sizes:
-            print(
-                f"[minirope] validation bits/byte at {size} tokens: {before[f'before_{size}_bits_per_byte']:.4f} -> "
-                f"{after[f'after_{size}_bits_per_byte']:.4f}"
-            )
-        print("[minirope] repeat test (bits/byte on a repeated passage / on its first occurrence):")
-        for old, new in zip(repeats_before, repeats_after, strict=True):
-            print(f"[minirope]   D = {old['distance']:5d}: {old['ratio']:.3f} -> {new['ratio']:.3f}")
-        print(f"[minirope] written to {output_dir}/ in {summary['wall_seconds']:.0f} s")
+    lines = [f"{scaling}, {original} -> {data_args.block_size} tokens, {steps} steps"]
+    lines += [f"validation bits/byte at {change}" for change in changes]
+    lines.append("repeat test (bits/byte on a repeated passage / on its first occurrence):")
+    lines += [
+        f"  D = {old['distance']:5d}: {old['ratio']:.3f} -> {new['ratio']:.3f}"
+        for old, new in zip(repeats_before, repeats_after, strict=True)
+    ]
+    lines.append(f"written to {start.output_dir}/ in {summary['wall_seconds']:.0f} s")
+    finish_run(
+        trainer, train_metrics=train_metrics, eval_metrics={**before, **after}, card=card, summary=summary, lines=lines
+    )
     return summary
 
 

@@ -11,10 +11,9 @@ recipe's own defaults are those of `PretrainingArguments` below. The same script
     minirope-pretrain --train_file a.txt --validation_file b.txt --block_size 512
     minirope-pretrain --dataset_name NAME --dataset_config_name CONFIG
     minirope-pretrain args.json                        # all arguments from a JSON file
+    minirope-pretrain --streaming True --train_file "corpus/*.jsonl" --max_steps 20000   # larger than memory
 """
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +21,8 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig, SchedulerType, default_data_collator, set_seed
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM
-from minirope.training.cli import run_cli
+from minirope.commands import run_cli
+from minirope.training.arguments import MiniRopeTrainingArguments, parse_cli_args, start_run
 from minirope.training.data import (
     BUNDLED_CORPUS,
     TextDataArguments,
@@ -35,26 +35,21 @@ from minirope.training.data import (
     validation_windows,
 )
 from minirope.training.metrics import language_model_metrics
-from minirope.training.output import check_output_dir, finish_run, model_card
+from minirope.training.output import check_output_dir, finish_run, model_card, optimizer_description
 from minirope.training.throughput import ThroughputCallback, training_flops_per_token
 from minirope.training.tokenizer import load_or_train_tokenizer
-from minirope.training.trainer import (
-    MiniRopeTrainer,
-    MiniRopeTrainingArguments,
-    default_attention,
-    final_evaluation,
-    parallelism,
-    parse_cli_args,
-    resolve_resume,
-    reuse_freed_memory,
-    scheduler_name,
-)
+from minirope.training.trainer import MiniRopeTrainer, final_evaluation, parallelism
 
 SAMPLE_PROMPT = "ROMEO:\nBut soft, what light"
+METRICS = {
+    "nats_per_token": "validation_nats_per_token",
+    "perplexity": "validation_perplexity",
+    "bits_per_byte": "validation_bits_per_byte",
+}
 
 
 @dataclass
-class ModelArguments:
+class ArchitectureArguments:
     """Architecture flags. Each one left unset takes `MiniRopeConfig`'s default."""
 
     hidden_size: int | None = field(default=None, metadata={"help": "Width of the residual stream."})
@@ -68,20 +63,9 @@ class ModelArguments:
     )
     rope_theta: float | None = field(default=None, metadata={"help": "RoPE base (10000 by default)."})
     tie_word_embeddings: bool | None = field(default=None, metadata={"help": "Share lm_head and embeddings."})
-    attn_implementation: str | None = field(
-        default=None,
-        metadata={
-            "help": "eager, sdpa, flash_attention_2, ... Default: eager when training on CPU (PyTorch's CPU "
-            "flash-attention kernel is slower for blocks this short), else sdpa."
-        },
-    )
 
     def config_kwargs(self) -> dict:
-        kwargs = {
-            name: value
-            for name, value in vars(self).items()
-            if value is not None and name not in ("rope_theta", "attn_implementation")
-        }
+        kwargs = {name: value for name, value in vars(self).items() if value is not None and name != "rope_theta"}
         if self.rope_theta is not None:
             kwargs["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta}
         return kwargs
@@ -160,11 +144,11 @@ class PretrainingArguments(MiniRopeTrainingArguments):
             self.lr_scheduler_kwargs = {"num_decay_steps": decay_steps, **(self.lr_scheduler_kwargs or {})}
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, PretrainingArguments]:
-    return parse_cli_args((ModelArguments, DataArguments, PretrainingArguments), argv)
+def parse_args(argv: list[str] | None = None) -> tuple:
+    return parse_cli_args((ArchitectureArguments, DataArguments, PretrainingArguments), argv)
 
 
-def build_config(model_args: ModelArguments, data_args: DataArguments, tokenizer) -> MiniRopeConfig:
+def build_config(model_args: ArchitectureArguments, data_args: DataArguments, tokenizer) -> MiniRopeConfig:
     """The model config: flags over `MiniRopeConfig` defaults, vocabulary and special ids from the tokenizer.
 
     Raises:
@@ -191,6 +175,46 @@ def build_config(model_args: ModelArguments, data_args: DataArguments, tokenizer
     return config
 
 
+def load_tokenizer(data_args: DataArguments, train_shards, output_dir: Path, resume: str | None):
+    """The tokenizer: a given one, the checkpoint's when resuming, the output folder's, or a new BPE trained on the
+    first `--tokenizer_sample_bytes` of the training text (read only then). Returns `(tokenizer, reused)`."""
+    source = data_args.tokenizer_name_or_path or (
+        resume if resume and (Path(resume) / "tokenizer.json").is_file() else None
+    )
+    if source:
+        return AutoTokenizer.from_pretrained(source), True
+    vocab_size = data_args.tokenizer_vocab_size or MiniRopeConfig().vocab_size
+    sample = lambda: tokenizer_texts(train_shards, data_args.tokenizer_sample_bytes)  # noqa: E731
+    return load_or_train_tokenizer(output_dir, sample, vocab_size)
+
+
+def datasets(train_shards, tokenizer, data_args: DataArguments, training_args: PretrainingArguments):
+    """The training blocks (in memory, or a `BlockStream` with `--streaming`) and the validation windows."""
+    validation = validation_shards(data_args)
+    if not data_args.streaming:
+        return tokenize_and_block(train_shards, validation, tokenizer, data_args, training_args.seed)
+    shuffle = data_args.shuffle_buffer_size
+    stream = block_stream(
+        train_shards, tokenizer, data_args, training_args.seed, shuffle_shards=shuffle > 1, shuffle_buffer=shuffle
+    )
+    windows = validation_windows(validation, tokenizer, data_args.block_size, max_samples=data_args.max_eval_samples)
+    return stream, windows
+
+
+def new_model(config: MiniRopeConfig, training_args: PretrainingArguments) -> MiniRopeForCausalLM:
+    """A freshly initialised model, with the generation config its sample and its users start from."""
+    model = MiniRopeForCausalLM._from_config(config, attn_implementation=training_args.attention())
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        do_sample=True,
+        temperature=0.8,
+        top_k=50,
+    )
+    return model
+
+
 def sample(model, tokenizer, prompt: str, max_new_tokens: int, seed: int) -> str:
     """A sample from the trained model with the stock `generate()` and its generation config."""
     set_seed(seed)
@@ -201,147 +225,106 @@ def sample(model, tokenizer, prompt: str, max_new_tokens: int, seed: int) -> str
     return tokenizer.decode(output[0], skip_special_tokens=True)
 
 
-def load_tokenizer(data_args: DataArguments, texts: Callable[[], list[str]], output_dir: Path, resume: str | None):
-    """The tokenizer: a given one, the checkpoint's when resuming, the output folder's, or a new BPE trained on
-    `texts()` (called only then)."""
-    source = data_args.tokenizer_name_or_path or (
-        resume if resume and (Path(resume) / "tokenizer.json").is_file() else None
-    )
-    if source:
-        return AutoTokenizer.from_pretrained(source), True
-    vocab_size = data_args.tokenizer_vocab_size or MiniRopeConfig().vocab_size
-    return load_or_train_tokenizer(output_dir, texts, vocab_size)
-
-
 def run(argv: list[str] | None = None) -> dict:
     """Parse `argv` (default: the command line), pretrain, save, and return the final validation metrics.
 
     Raises:
-        ValueError, FileNotFoundError: bad data, flags or output folder (see `minirope-pretrain --help`).
+        ValueError, OSError: bad data, flags or output folder (see `minirope-pretrain --help`).
         NonFiniteLossError: the loss became NaN/inf; the last good checkpoint is kept.
     """
-    model_args, data_args, training_args = parse_args(argv)
-    set_seed(training_args.seed)
-    if training_args.device.type == "cpu":
-        reuse_freed_memory()
-    started = time.perf_counter()
-    output_dir = Path(training_args.output_dir)
-    resume = resolve_resume(training_args)
-
+    dataclasses = (ArchitectureArguments, DataArguments, PretrainingArguments)
+    model_args, data_args, training_args, start = start_run(dataclasses, argv)
     if data_args.streaming and training_args.max_steps <= 0:
         raise ValueError("--streaming needs --max_steps > 0: a stream has no length to count epochs in.")
     train_shards = training_shards(data_args, streaming=data_args.streaming)
-    validation = validation_shards(data_args)
-    tokenizer, reused = load_tokenizer(
-        data_args, lambda: tokenizer_texts(train_shards, data_args.tokenizer_sample_bytes), output_dir, resume
-    )
+    tokenizer, reused = load_tokenizer(data_args, train_shards, start.output_dir, start.resume)
     print(f"[minirope] tokenizer: {'reused' if reused else 'trained'}, {len(tokenizer)} tokens")
-
     config = build_config(model_args, data_args, tokenizer)
-    check_output_dir(output_dir, config, overwrite=training_args.overwrite_output_dir or resume is not None)
-    if data_args.streaming:
-        eval_dataset = validation_windows(
-            validation, tokenizer, data_args.block_size, max_samples=data_args.max_eval_samples
-        )
-        train_dataset = block_stream(
-            train_shards,
-            tokenizer,
-            data_args,
-            training_args.seed,
-            shuffle_shards=data_args.shuffle_buffer_size > 1,
-            shuffle_buffer=data_args.shuffle_buffer_size,
-        )
-    else:
-        train_dataset, eval_dataset = tokenize_and_block(
-            train_shards, validation, tokenizer, data_args, training_args.seed
-        )
-    model = MiniRopeForCausalLM._from_config(
-        config, attn_implementation=model_args.attn_implementation or default_attention(training_args)
-    )
-    model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-        do_sample=True,
-        temperature=0.8,
-        top_k=50,
-    )
-    n_params = model.num_parameters()
+    check_output_dir(start.output_dir, config, overwrite=training_args.overwrite_output_dir or start.resume is not None)
+    train, validation = datasets(train_shards, tokenizer, data_args, training_args)
+    model = new_model(config, training_args)
+    blocks = "streamed" if data_args.streaming else len(train)
     print(
-        f"[minirope] model: {n_params / 1e6:.2f}M parameters, "
-        f"{'streamed' if data_args.streaming else len(train_dataset)} training blocks and "
-        f"{len(eval_dataset)} validation blocks of {data_args.block_size} tokens"
+        f"[minirope] model: {model.num_parameters() / 1e6:.2f}M parameters, {blocks} training blocks and "
+        f"{len(validation)} validation blocks of {data_args.block_size} tokens"
     )
-
-    process_tokens_per_step = data_args.block_size * (
-        training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps
-    )
+    block_tokens = data_args.block_size * training_args.per_device_train_batch_size
     throughput = ThroughputCallback(
-        process_tokens_per_step, training_flops_per_token(config, data_args.block_size), run_started=started
+        block_tokens * training_args.gradient_accumulation_steps,
+        training_flops_per_token(config, data_args.block_size),
+        run_started=start.started,
     )
     trainer = MiniRopeTrainer(
         model=model,
         callbacks=[throughput],
         args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        data_collator=default_data_collator,  # equal-length blocks: no padding, no attention mask
+        train_dataset=train,
+        eval_dataset=validation,
         processing_class=tokenizer,
+        data_collator=default_data_collator,  # equal-length blocks: no padding, no mask
         **language_model_metrics(tokenizer),
     )
-    train_result = trainer.train(resume_from_checkpoint=resume)
+
+    train_result = trainer.train(resume_from_checkpoint=start.resume)
     eval_metrics = final_evaluation(trainer)
-    steps, tokens_per_step = trainer.state.global_step, training_args.world_size * process_tokens_per_step
-    speed = throughput.metrics()
+
+    text = sample(model, tokenizer, data_args.sample_prompt, data_args.sample_max_new_tokens, training_args.seed)
+    report(trainer, data_args, start, throughput, train_result.metrics, eval_metrics, text)
+    return eval_metrics
+
+
+def report(trainer, data_args, start, throughput, train_metrics, eval_metrics, text) -> None:
+    """Write the folder (model, tokenizer, card, metrics, run summary) and print the results, the speed, the sample."""
+    args, config = trainer.args, trainer.model.config
+    steps, n_params, speed = trainer.state.global_step, trainer.model.num_parameters(), throughput.metrics()
+    tokens = steps * args.world_size * throughput.tokens_per_step
     train_metrics = {
-        **train_result.metrics,
-        "train_tokens": steps * tokens_per_step,
+        **train_metrics,
+        "train_tokens": tokens,
         "num_parameters": n_params,
         **{f"train_{key}": value for key, value in speed.items()},
     }
-    text = sample(model, tokenizer, data_args.sample_prompt, data_args.sample_max_new_tokens, training_args.seed)
     summary = {
-        "output_dir": str(output_dir),
+        "output_dir": str(start.output_dir),
         "num_parameters": n_params,
         "steps": steps,
-        "train_tokens": train_metrics["train_tokens"],
-        "wall_seconds": round(time.perf_counter() - started, 1),
+        "train_tokens": tokens,
+        "wall_seconds": start.seconds(),
         **parallelism(trainer),
-        "validation_nats_per_token": eval_metrics["eval_nats_per_token"],
-        "validation_perplexity": eval_metrics["eval_perplexity"],
-        "validation_bits_per_byte": eval_metrics["eval_bits_per_byte"],
+        **{name: eval_metrics[f"eval_{key}"] for key, name in METRICS.items()},
         **speed,
         "sample": text,
     }
-    dataset = data_description(data_args) or BUNDLED_CORPUS
     how_trained = (
         f"Pretrained from scratch with `minirope-pretrain` (Hugging Face Trainer): {steps} steps of "
-        f"{tokens_per_step} tokens ({train_metrics['train_tokens']:,} tokens), block size {data_args.block_size}, "
-        f"AdamW lr {training_args.learning_rate} ({scheduler_name(training_args)} "
-        f"{training_args.lr_scheduler_kwargs or ''}, {training_args.warmup_steps} warm-up steps), weight decay "
-        f"{training_args.weight_decay}, bf16 {training_args.bf16}, "
-        f"{n_params / 1e6:.2f}M parameters, {summary['wall_seconds']:.0f} s wall time."
+        f"{tokens // max(steps, 1)} tokens ({tokens:,} tokens), block size {data_args.block_size}, "
+        f"{optimizer_description(args)}, bf16 {args.bf16}, {n_params / 1e6:.2f}M parameters, "
+        f"{summary['wall_seconds']:.0f} s wall time."
     )
     card = model_card(
-        name=output_dir.name, config=config, metrics=eval_metrics, dataset=dataset, how_trained=how_trained
+        name=start.output_dir.name,
+        config=config,
+        metrics=eval_metrics,
+        how_trained=how_trained,
+        dataset=data_description(data_args) or BUNDLED_CORPUS,
     )
-    finish_run(trainer, train_metrics=train_metrics, eval_metrics=eval_metrics, card=card, summary=summary)
-    if trainer.is_world_process_zero():
-        print(
-            f"\n[minirope] {steps} steps in {summary['wall_seconds']:.0f} s; validation: "
-            f"{summary['validation_nats_per_token']:.4f} nats/token, perplexity "
-            f"{summary['validation_perplexity']:.2f}, {summary['validation_bits_per_byte']:.4f} bits/byte"
+    lines = [
+        f"{steps} steps in {summary['wall_seconds']:.0f} s; validation: {summary['validation_nats_per_token']:.4f} "
+        f"nats/token, perplexity {summary['validation_perplexity']:.2f}, "
+        f"{summary['validation_bits_per_byte']:.4f} bits/byte"
+    ]
+    if speed:
+        lines.append(
+            f"training speed (per process, median step after warm-up): {speed['step_seconds']:.3f} s/step, "
+            f"{speed['tokens_per_second']:,.0f} tokens/s, {speed['model_tflops'] * 1e3:.0f} model GFLOP/s = MFU "
+            f"{speed['mfu']:.1%} of the {speed['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s {speed['matmul_peak_dtype']} "
+            f"matmul peak measured in this run (best of before and after training)"
         )
-        if speed:
-            print(
-                f"[minirope] training speed (per process, median step after warm-up): {speed['step_seconds']:.3f} "
-                f"s/step, {speed['tokens_per_second']:,.0f} tokens/s, {speed['model_tflops'] * 1e3:.0f} model "
-                f"GFLOP/s = MFU {speed['mfu']:.1%} of the {speed['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s "
-                f"{speed['matmul_peak_dtype']} matmul peak measured in this run (best of before and after training)"
-            )
-        print(f"[minirope] model written to {output_dir}/ (load it with AutoModelForCausalLM.from_pretrained)")
-        print(f"[minirope] sample:\n{text}")
-    return eval_metrics
+    lines += [
+        f"model written to {start.output_dir}/ (load it with AutoModelForCausalLM.from_pretrained)",
+        f"sample:\n{text}",
+    ]
+    finish_run(trainer, train_metrics=train_metrics, eval_metrics=eval_metrics, card=card, summary=summary, lines=lines)
 
 
 def main() -> None:

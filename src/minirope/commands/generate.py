@@ -9,18 +9,16 @@ loads with or without minirope installed (remote code, `--trust_remote_code`).
 """
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, TextStreamer, set_seed
+from transformers import HfArgumentParser, TextStreamer, set_seed
 
-import minirope  # noqa: F401  (registers the minirope classes with the Auto factories)
-from minirope.training.cli import run_cli
+from minirope.commands import run_cli
+from minirope.folders import ModelArguments, load_causal_lm
 
 
 @dataclass
 class GenerateArguments:
-    model: str = field(metadata={"help": "A folder written by save_pretrained (or a Hub id)."})
     prompt: str = field(metadata={"help": "Text to continue."})
     max_new_tokens: int = field(default=200, metadata={"help": "Tokens to generate after the prompt."})
     do_sample: bool | None = field(default=None, metadata={"help": "Sample (True) or greedy (False)."})
@@ -28,7 +26,10 @@ class GenerateArguments:
     top_k: int | None = field(default=None, metadata={"help": "Sample from the k most likely tokens."})
     top_p: float | None = field(default=None, metadata={"help": "Nucleus sampling mass."})
     seed: int = field(default=0, metadata={"help": "Random seed, for reproducible samples."})
-    trust_remote_code: bool = field(default=False, metadata={"help": "Allow the folder's own model code."})
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"--max_new_tokens must be >= 1, got {self.max_new_tokens}.")
 
     def generation_kwargs(self) -> dict:
         names = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p")
@@ -39,26 +40,11 @@ def run(argv: list[str] | None = None) -> None:
     """Parse `argv`, load the model and tokenizer, and stream a continuation of the prompt to stdout.
 
     Raises:
-        ValueError: bad flags, or no usable tokenizer in the folder.
-        OSError: no loadable model (missing folder, truncated or pickle-only weights).
+        ValueError: bad flags, not a model folder, or no usable tokenizer in it.
+        OSError: the weights do not load (truncated or pickle-only).
     """
-    (args,) = HfArgumentParser(GenerateArguments).parse_args_into_dataclasses(args=argv)
-    if Path(args.model).is_file():
-        raise ValueError(f"--model {args.model} is a file: pass the folder written by save_pretrained.")
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}.")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
-    except OSError as error:
-        raise OSError(f"cannot load a model from {args.model!r}: {error}") from error
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
-    except (OSError, ValueError) as error:
-        reason = str(error).strip().splitlines()[0]
-        raise ValueError(
-            f"cannot load a tokenizer from {args.model!r} ({reason}): save it next to the model with "
-            f"tokenizer.save_pretrained(folder)."
-        ) from error
+    model_args, args = HfArgumentParser((ModelArguments, GenerateArguments)).parse_args_into_dataclasses(args=argv)
+    model, tokenizer = load_causal_lm(model_args)
     set_seed(args.seed)
     inputs = tokenizer(args.prompt, return_tensors="pt").to(model.device)
     streamer = TextStreamer(tokenizer, skip_special_tokens=True)

@@ -1,0 +1,28 @@
+"""The `minirope-*` commands, each a module with `run(argv)` (returns its results) and `main()` (the console script):
+
+    pretrain   train a model from scratch on the bundled corpus, files or a dataset, in memory or streamed
+    finetune   fine-tune a folder on text, prompt/completion pairs or a play (full or LoRA)
+    extend     stretch a model's context with RoPE scaling and a short fine-tune
+    generate   stream text from a folder
+    export     write a folder as a Llama folder, a GGUF file or an ONNX model
+
+Each `run()` reads prepare -> train -> report. Expected failures become one line on stderr and exit status 1
+(`run_cli`); this module imports nothing heavy, so that reporting an error loads no Trainer.
+"""
+
+import sys
+from collections.abc import Callable
+
+from minirope.training.errors import NonFiniteLossError
+
+EXPECTED_ERRORS = (ValueError, OSError, NonFiniteLossError)  # OSError covers FileNotFoundError, IsADirectoryError
+
+
+def run_cli(program: str, main: Callable[[], object]) -> None:
+    """Run `main()`; on an expected error print `<program>: error: <message>` and exit with status 1."""
+    try:
+        main()
+    except EXPECTED_ERRORS as error:
+        message = " ".join(str(error).split())  # one line
+        print(f"{program}: error: {message}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,56 @@
+"""`minirope-export`: a trained folder as a plain Llama folder, a GGUF file for llama.cpp, or an ONNX model.
+
+    minirope-export --model runs/minirope-shakespeare --format llama --output exports/llama
+    minirope-export --model runs/minirope-shakespeare --format gguf --output exports/model.gguf --outtype q8_0
+    minirope-export --model runs/minirope-shakespeare --format onnx --output exports/onnx
+
+Each target is written next to its final path and moved there only once complete (`minirope.export`), so a failed
+export leaves nothing half-written; an existing output is replaced only with `--overwrite`.
+"""
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import HfArgumentParser
+
+from minirope.commands import run_cli
+from minirope.export import FORMATS, export_gguf, export_llama, export_onnx
+
+
+@dataclass
+class ExportArguments:
+    model: str = field(metadata={"help": "A folder written by minirope (save_pretrained, with its tokenizer)."})
+    format: str = field(metadata={"help": f"{', '.join(FORMATS)}: a plain Llama folder, one GGUF file, or a folder."})
+    output: str = field(metadata={"help": "Where to write: a folder (llama, onnx) or a .gguf file."})
+    outtype: str = field(default="f32", metadata={"help": "GGUF weight type: f32, f16 or q8_0 (norms stay f32)."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace an existing output."})
+
+
+def run(argv: list[str] | None = None) -> Path:
+    """Parse `argv` (default: the command line), write the export and return its path.
+
+    Raises:
+        ValueError: an unknown format or outtype, or a model the target cannot express.
+        OSError: no loadable model and tokenizer in `--model`.
+        FileExistsError: the output exists and `--overwrite` is not set.
+    """
+    (args,) = HfArgumentParser(ExportArguments).parse_args_into_dataclasses(args=argv)
+    if args.format not in FORMATS:
+        raise ValueError(f"--format {args.format!r} is not one of {', '.join(FORMATS)}.")
+    if args.format == "gguf":
+        path = export_gguf(args.model, args.output, args.outtype, args.overwrite)
+    elif args.format == "onnx":
+        path = export_onnx(args.model, args.output, args.overwrite)
+    else:
+        path = export_llama(args.model, args.output, args.overwrite)
+    print(f"minirope-export: wrote {path}", file=sys.stderr)
+    return path
+
+
+def main() -> None:
+    run_cli("minirope-export", run)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""`minirope-finetune`: fine-tune a minirope (or any causal LM) model with the Hugging Face Trainer.
+
+Data, one of:
+  --play NAME                          one play of the bundled corpus: its first 90 % of speeches is the
+                                       training document, the rest the validation document
+  --train_file a.txt [b.txt ...] --validation_file c.txt   plain text, each file one document: continued
+                                                           pretraining on every token
+  --train_file a.jsonl --validation_file b.jsonl   {"prompt", "completion"} rows: loss on completion only
+  --dataset_name NAME [--dataset_config_name C]    a `datasets` text dataset
+
+Full fine-tuning by default; `--lora` trains a peft LoRA adapter instead (merged into the weights on save
+unless `--merge_lora False`, which saves the adapter alone). The validation loss is measured before and
+after training; the output folder is Hub-ready (model or adapter, tokenizer, model card, metrics), and
+`--push_to_hub --hub_model_id user/name` uploads it.
+
+    minirope-finetune --model_name_or_path runs/minirope-shakespeare --play the-tempest
+    minirope-finetune --model_name_or_path runs/minirope-shakespeare --play the-tempest --lora
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import DataCollatorForSeq2Seq, default_data_collator
+
+from minirope.commands import run_cli
+from minirope.folders import ModelArguments, load_causal_lm
+from minirope.training.arguments import MiniRopeTrainingArguments, parse_cli_args, start_run
+from minirope.training.data import (
+    TextDataArguments,
+    data_description,
+    play_shards,
+    prompt_completion_examples,
+    tokenize_and_block,
+    training_shards,
+    validation_shards,
+)
+from minirope.training.metrics import IGNORE_INDEX, language_model_metrics
+from minirope.training.output import check_output_dir, finish_run, model_card, optimizer_description
+from minirope.training.trainer import MiniRopeTrainer, final_evaluation
+
+LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+METRICS = ("eval_nats_per_token", "eval_perplexity", "eval_bits_per_byte")
+
+
+@dataclass
+class LoraArguments:
+    lora: bool = field(default=False, metadata={"help": "Train a LoRA adapter (peft) instead of all weights."})
+    lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=16, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA path."})
+    lora_target_modules: str = field(default=LORA_TARGETS, metadata={"help": "Comma-separated module names."})
+    merge_lora: bool = field(default=True, metadata={"help": "Merge the adapter into the saved weights."})
+
+    def method(self) -> str:
+        return ("LoRA (merged)" if self.merge_lora else "LoRA adapter") if self.lora else "full"
+
+    def wrap(self, model):
+        """`model` with a peft LoRA adapter on `lora_target_modules`, or unchanged without `--lora`."""
+        if not self.lora:
+            return model
+        from peft import LoraConfig, get_peft_model
+
+        targets = [name.strip() for name in self.lora_target_modules.split(",") if name.strip()]
+        config = LoraConfig(
+            r=self.lora_r,
+            lora_alpha=self.lora_alpha,
+            lora_dropout=self.lora_dropout,
+            target_modules=targets,
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(model, config)
+
+
+@dataclass
+class FinetuneDataArguments(TextDataArguments):
+    """Data flags, plus one play of the bundled corpus; a .jsonl --train_file holds prompt/completion rows."""
+
+    play: str | None = field(default=None, metadata={"help": "A play of the bundled corpus, e.g. the-tempest."})
+
+
+@dataclass
+class FinetuningArguments(MiniRopeTrainingArguments):
+    """`TrainingArguments` with defaults for a short fine-tune on CPU."""
+
+    output_dir: str = field(default="runs/minirope-finetuned", metadata={"help": "Where the model is written."})
+    num_train_epochs: float = 3.0
+    per_device_train_batch_size: int = 16
+    learning_rate: float = 3e-4
+    weight_decay: float = 0.0
+    warmup_steps: float = 5
+    eval_strategy: str = "epoch"
+    save_strategy: str = "epoch"
+    save_total_limit: int | None = 1
+    logging_steps: float = 5
+
+
+def parse_args(argv: list[str] | None = None) -> tuple:
+    return parse_cli_args((ModelArguments, LoraArguments, FinetuneDataArguments, FinetuningArguments), argv)
+
+
+def datasets_and_collator(data_args: FinetuneDataArguments, tokenizer, seed: int):
+    """The training and validation examples of the data flags, and the collator that batches them."""
+    if data_args.train_file and all(Path(path).suffix in (".jsonl", ".json") for path in data_args.train_file):
+        train, validation = prompt_completion_examples(
+            data_args.train_file, data_args.validation_file, tokenizer, data_args
+        )
+        return train, validation, DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX)
+    if data_args.play and (data_args.train_file or data_args.dataset_name):
+        raise ValueError("Give one data source: --play, --train_file/--validation_file, or --dataset_name.")
+    if data_args.play:
+        shards = play_shards(data_args.play)
+        train_shards, validation = shards["train"], shards["validation"]
+    elif data_args.train_file or data_args.dataset_name:
+        train_shards, validation = training_shards(data_args), validation_shards(data_args)
+    else:
+        raise ValueError("No data: give --play NAME, --train_file/--validation_file, or --dataset_name.")
+    return (*tokenize_and_block(train_shards, validation, tokenizer, data_args, seed), default_data_collator)
+
+
+def run(argv: list[str] | None = None) -> dict:
+    """Parse `argv`, fine-tune, save, and return `{"before": eval metrics, "after": eval metrics}`.
+
+    Raises:
+        ValueError, OSError: bad flags, model folder or data (see `minirope-finetune --help`); nothing is written.
+    """
+    dataclasses = (ModelArguments, LoraArguments, FinetuneDataArguments, FinetuningArguments)
+    model_args, lora_args, data_args, training_args, start = start_run(dataclasses, argv)
+    model, tokenizer = load_causal_lm(model_args, attn_implementation=training_args.attention())
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    check_output_dir(
+        start.output_dir, model.config, overwrite=training_args.overwrite_output_dir or start.resume is not None
+    )
+    data_args.block_size = data_args.block_size or model.config.max_position_embeddings
+    if data_args.block_size > model.config.max_position_embeddings:
+        raise ValueError(
+            f"--block_size {data_args.block_size} is longer than the model's context "
+            f"{model.config.max_position_embeddings}: lower --block_size (or fine-tune with a scaled rope_parameters)."
+        )
+    train, validation, collator = datasets_and_collator(data_args, tokenizer, training_args.seed)
+    model = lora_args.wrap(model)
+    trainable = sum(param.numel() for param in model.parameters() if param.requires_grad)
+    print(f"[minirope] fine-tuning {trainable / 1e6:.3f}M parameters on {len(train)} sequences")
+    trainer = MiniRopeTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train,
+        eval_dataset=validation,
+        data_collator=collator,
+        processing_class=tokenizer,
+        **language_model_metrics(tokenizer),
+    )
+
+    before = trainer.evaluate(metric_key_prefix="eval")
+    train_result = trainer.train(resume_from_checkpoint=start.resume)
+    after = final_evaluation(trainer)
+    if lora_args.lora and lora_args.merge_lora:
+        trainer.model = trainer.model.merge_and_unload()
+
+    report(trainer, model_args, lora_args, data_args, start, trainable, before, after, train_result.metrics)
+    return {"before": before, "after": after}
+
+
+def report(trainer, model_args, lora_args, data_args, start, trainable, before, after, train_metrics) -> None:
+    """Write the folder (model or adapter, card, metrics, summary) and print the before -> after line."""
+    steps, base = trainer.state.global_step, model_args.model_name_or_path
+    summary = {
+        "base_model": base,
+        "method": lora_args.method(),
+        "trainable_parameters": trainable,
+        "steps": steps,
+        "wall_seconds": start.seconds(),
+        "before": {key: before[key] for key in METRICS},
+        "after": {key: after[key] for key in METRICS},
+    }
+    how_trained = (
+        f"Fine-tuned from `{base}` with `minirope-finetune` ({lora_args.method()}, {trainable / 1e6:.3f}M trainable "
+        f"parameters): {steps} steps, {optimizer_description(trainer.args)}, {trainer.args.num_train_epochs} epochs. "
+        f"Validation bits per byte {before['eval_bits_per_byte']:.4f} before, {after['eval_bits_per_byte']:.4f} after."
+    )
+    card = model_card(
+        name=start.output_dir.name,
+        config=trainer.model.config,
+        metrics=after,
+        dataset=data_args.play or data_description(data_args),
+        how_trained=how_trained,
+        base_model=base,
+        adapter=lora_args.lora and not lora_args.merge_lora,
+    )
+    line = (
+        f"validation bits/byte {before['eval_bits_per_byte']:.4f} -> {after['eval_bits_per_byte']:.4f} "
+        f"(nats/token {before['eval_nats_per_token']:.4f} -> {after['eval_nats_per_token']:.4f}) in {steps} steps, "
+        f"{summary['wall_seconds']:.0f} s; written to {start.output_dir}/"
+    )
+    before_metrics = {f"before_{key}": value for key, value in before.items()}
+    finish_run(
+        trainer,
+        train_metrics=train_metrics,
+        eval_metrics={**before_metrics, **after},
+        card=card,
+        summary=summary,
+        lines=[line],
+    )
+
+
+def main() -> None:
+    run_cli("minirope-finetune", run)
+
+
+if __name__ == "__main__":
+    main()
