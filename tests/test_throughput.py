@@ -53,10 +53,11 @@ def test_matmul_peak_is_a_plausible_rate():
 
 def test_precision_and_compile_defaults_follow_the_bf16_measurement(monkeypatch):
     """`--bf16` unset: on where `bf16_is_faster` says so; `--torch_compile` (pretraining) follows it."""
-    from minirope.commands import pretrain, trainer
+    from minirope.commands import pretrain
+    from minirope.training import arguments
 
     for fast in (True, False):
-        monkeypatch.setattr(trainer, "bf16_is_faster", lambda device, fast=fast: fast)
+        monkeypatch.setattr(arguments, "bf16_is_faster", lambda device, fast=fast: fast)
         args = pretrain.parse_args([])[2]
         assert (args.bf16, args.torch_compile) == (fast, fast)
     explicit = pretrain.parse_args(["--bf16", "True", "--torch_compile", "False"])[2]

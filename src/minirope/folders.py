@@ -74,7 +74,6 @@ def load_causal_lm(args: ModelArguments, **kwargs) -> tuple[torch.nn.Module, Pre
         OSError: the weights are missing, truncated or corrupt, or a pickle only (naming the folder).
     """
     config = kwargs.pop("config", None) or load_config(args)
-    tokenizer = load_tokenizer(args)
     path = args.model_name_or_path
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -82,6 +81,7 @@ def load_causal_lm(args: ModelArguments, **kwargs) -> tuple[torch.nn.Module, Pre
         )
     except OSError as error:
         raise OSError(f"cannot load a model from {path!r}: {first_line(error)}") from error
+    tokenizer = load_tokenizer(args)
     rows = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > rows:
         raise ValueError(

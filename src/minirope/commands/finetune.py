@@ -34,7 +34,7 @@ from minirope.training.data import (
     training_shards,
     validation_shards,
 )
-from minirope.training.metrics import IGNORE_INDEX, language_model_metrics
+from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.output import check_output_dir, finish_run, model_card, optimizer_description
 from minirope.training.trainer import MiniRopeTrainer, final_evaluation
 
@@ -85,7 +85,9 @@ class FinetuningArguments(MiniRopeTrainingArguments):
     output_dir: str = field(default="runs/minirope-finetuned", metadata={"help": "Where the model is written."})
     num_train_epochs: float = 3.0
     per_device_train_batch_size: int = 16
-    learning_rate: float = 3e-4
+    learning_rate: float = field(
+        default=3e-4, metadata={"help": "Peak learning rate (full fine-tuning; LoRA takes a higher one, e.g. 2e-3)."}
+    )
     weight_decay: float = 0.0
     warmup_steps: float = 5
     eval_strategy: str = "epoch"
@@ -141,15 +143,8 @@ def run(argv: list[str] | None = None) -> dict:
     model = lora_args.wrap(model)
     trainable = sum(param.numel() for param in model.parameters() if param.requires_grad)
     print(f"[minirope] fine-tuning {trainable / 1e6:.3f}M parameters on {len(train)} sequences")
-    trainer = MiniRopeTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=train,
-        eval_dataset=validation,
-        data_collator=collator,
-        processing_class=tokenizer,
-        **language_model_metrics(tokenizer),
-    )
+    data = {"train_dataset": train, "eval_dataset": validation, "data_collator": collator}
+    trainer = MiniRopeTrainer(model=model, args=training_args, processing_class=tokenizer, **data)
 
     before = trainer.evaluate(metric_key_prefix="eval")
     train_result = trainer.train(resume_from_checkpoint=start.resume)
@@ -178,14 +173,9 @@ def report(trainer, model_args, lora_args, data_args, start, trainable, before, 
         f"parameters): {steps} steps, {optimizer_description(trainer.args)}, {trainer.args.num_train_epochs} epochs. "
         f"Validation bits per byte {before['eval_bits_per_byte']:.4f} before, {after['eval_bits_per_byte']:.4f} after."
     )
+    dataset, adapter = data_args.play or data_description(data_args), lora_args.lora and not lora_args.merge_lora
     card = model_card(
-        name=start.output_dir.name,
-        config=trainer.model.config,
-        metrics=after,
-        dataset=data_args.play or data_description(data_args),
-        how_trained=how_trained,
-        base_model=base,
-        adapter=lora_args.lora and not lora_args.merge_lora,
+        start.output_dir.name, trainer.model.config, after, dataset, how_trained, base_model=base, adapter=adapter
     )
     line = (
         f"validation bits/byte {before['eval_bits_per_byte']:.4f} -> {after['eval_bits_per_byte']:.4f} "

@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, GenerationConfig, SchedulerType, default_data_collator, set_seed
+from transformers import AutoTokenizer, GenerationConfig, SchedulerType, set_seed
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM
 from minirope.commands import run_cli
 from minirope.training.arguments import MiniRopeTrainingArguments, parse_cli_args, start_run
 from minirope.training.data import (
-    BUNDLED_CORPUS,
     TextDataArguments,
     block_stream,
     data_description,
@@ -34,7 +33,6 @@ from minirope.training.data import (
     validation_shards,
     validation_windows,
 )
-from minirope.training.metrics import language_model_metrics
 from minirope.training.output import check_output_dir, finish_run, model_card, optimizer_description
 from minirope.training.throughput import ThroughputCallback, training_flops_per_token
 from minirope.training.tokenizer import load_or_train_tokenizer
@@ -261,8 +259,6 @@ def run(argv: list[str] | None = None) -> dict:
         train_dataset=train,
         eval_dataset=validation,
         processing_class=tokenizer,
-        data_collator=default_data_collator,  # equal-length blocks: no padding, no mask
-        **language_model_metrics(tokenizer),
     )
 
     train_result = trainer.train(resume_from_checkpoint=start.resume)
@@ -301,13 +297,7 @@ def report(trainer, data_args, start, throughput, train_metrics, eval_metrics, t
         f"{optimizer_description(args)}, bf16 {args.bf16}, {n_params / 1e6:.2f}M parameters, "
         f"{summary['wall_seconds']:.0f} s wall time."
     )
-    card = model_card(
-        name=start.output_dir.name,
-        config=config,
-        metrics=eval_metrics,
-        how_trained=how_trained,
-        dataset=data_description(data_args) or BUNDLED_CORPUS,
-    )
+    card = model_card(start.output_dir.name, config, eval_metrics, data_description(data_args), how_trained)
     lines = [
         f"{steps} steps in {summary['wall_seconds']:.0f} s; validation: {summary['validation_nats_per_token']:.4f} "
         f"nats/token, perplexity {summary['validation_perplexity']:.2f}, "

@@ -190,13 +190,13 @@ class TextDataArguments:
             raise ValueError(f"--repeat_length must be >= 1 token, got {self.repeat_length}.")
 
 
-def data_description(args: TextDataArguments) -> str | None:
-    """What a model card names as the training data: the dataset, the text files, or None (bundled corpus)."""
+def data_description(args: TextDataArguments) -> str:
+    """What a model card names as the training data: the dataset, the files, or the bundled corpus."""
     if args.dataset_name:
         return args.dataset_name
     if args.train_file:
         return ", ".join(Path(path).name for path in args.train_file)
-    return None
+    return BUNDLED_CORPUS
 
 
 def json_records(path: str | Path) -> Iterator[tuple[str, object]]:

@@ -91,12 +91,17 @@ def not_utf8(path: Path, offset: int, byte: int) -> ValueError:
     )
 
 
-class TextFile(Shard):
-    """A `.txt` file: one document, read in chunks of `CHUNK_BYTES` (never whole)."""
+class FileShard(Shard):
+    """A shard that is one file, checked (`check_file`) when the shard is made; records' text is `text_column`."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, text_column: str = "text") -> None:
         self.path = check_file(path)
         self.name = str(path)
+        self.text_column = text_column
+
+
+class TextFile(FileShard):
+    """A `.txt` file: one document, read in chunks of `CHUNK_BYTES` (never whole)."""
 
     def documents(self, start: object = None) -> Iterator[Document]:
         yield Document(0, self.name, self.read)
@@ -145,13 +150,8 @@ def record_text(record: object, text_column: str, where: str) -> str:
     return text
 
 
-class JsonLinesFile(Shard):
+class JsonLinesFile(FileShard):
     """A `.jsonl` file (or a `.json` file of JSON lines): one document per line; locator `[byte offset, line]`."""
-
-    def __init__(self, path: str | Path, text_column: str) -> None:
-        self.path = check_file(path)
-        self.name = str(path)
-        self.text_column = text_column
 
     def documents(self, start: object = None) -> Iterator[Document]:
         for locator, where, record in self.records(start):
@@ -184,13 +184,8 @@ class JsonLinesFile(Shard):
             raise ValueError(f"{where} is not JSON ({error.msg}): write one object per line.") from None
 
 
-class JsonArrayFile(Shard):
+class JsonArrayFile(FileShard):
     """A `.json` file holding one array of records (read whole); locator: the record's index."""
-
-    def __init__(self, path: str | Path, text_column: str) -> None:
-        self.path = check_file(path)
-        self.name = str(path)
-        self.text_column = text_column
 
     def documents(self, start: object = None) -> Iterator[Document]:
         try:
@@ -213,15 +208,13 @@ def is_json_array(path: Path) -> bool:
         return file.read(4096).lstrip().startswith(b"[")
 
 
-class ParquetFile(Shard):
+class ParquetFile(FileShard):
     """A `.parquet` file: one document per row of `text_column`; locator: the row index."""
 
     def __init__(self, path: str | Path, text_column: str) -> None:
         import pyarrow.parquet as pq
 
-        self.path = check_file(path)
-        self.name = str(path)
-        self.text_column = text_column
+        super().__init__(path, text_column)
         try:
             self.file = pq.ParquetFile(self.path)
         except Exception as error:  # pyarrow raises several types for unreadable files

@@ -65,12 +65,12 @@ def publish(staging: Path, output_dir: str | Path) -> None:
 
 
 def model_card(
-    *,
     name: str,
     config: PreTrainedConfig,
     metrics: dict,
     dataset: str,
     how_trained: str,
+    *,
     base_model: str | None = None,
     adapter: bool = False,
 ) -> ModelCard:

@@ -7,11 +7,12 @@ from collections import deque
 from pathlib import Path
 
 import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_peft_model
 
 from minirope.training.blocks import BlockStream
 from minirope.training.errors import NonFiniteLossError
+from minirope.training.metrics import language_model_metrics
 
 STREAM_STATE = "stream_state.json"
 
@@ -21,9 +22,16 @@ class MiniRopeTrainer(Trainer):
 
     The check reads one scalar per micro-batch (a device sync on GPU, free on CPU). It runs before the
     optimizer step, so the weights, and every checkpoint already written, hold only finite values.
+
+    Unless given, the data collator is `default_data_collator` (blocks of equal length: no padding, no attention
+    mask), and evaluation reports exact nats per token, perplexity and bits per byte (`language_model_metrics` of
+    the `processing_class` tokenizer).
     """
 
     def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("data_collator", default_data_collator)
+        if kwargs.get("processing_class") is not None and "compute_metrics" not in kwargs:
+            kwargs.update(language_model_metrics(kwargs["processing_class"]))
         super().__init__(*args, **kwargs)
         # Decided once, as Trainer decides `model_accepts_loss_kwargs` (a LoRA model reports its base model's).
         model = unwrap_peft_model(self.accelerator.unwrap_model(self.model))
