@@ -208,5 +208,5 @@ def test_a_folder_that_is_not_a_causal_lm(tmp_path, monkeypatch, capsys):
     err = cli_error(
         extend.main, ["--model_name_or_path", str(tmp_path / "nothing"), "--output_dir", str(out)], monkeypatch, capsys
     )
-    assert "is not a model folder" in err
+    assert "nothing': it does not exist" in err
     assert_no_model(out) and not out.exists()

@@ -270,7 +270,7 @@ def test_bad_shards(shards, tmp_path, monkeypatch, capsys):
     err = stream_error(
         tmp_path, monkeypatch, capsys, "--train_file", str(folder / "a-0.txt"), *valid, "--max_steps", "0"
     )
-    assert "--streaming needs --max_steps" in err
+    assert "--max_steps must be > 0" in err
 
 
 def test_real_process_exit_code_for_a_glob_that_matches_nothing(tmp_path):

@@ -9,10 +9,14 @@ This file is shipped next to `modeling_minirope.py` as remote code by `save_pret
 nothing from the rest of the package.
 """
 
+import logging
+
 from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 ROPE_TYPES = ("default", *ROPE_INIT_FUNCTIONS)
+DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
 
 class MiniRopeConfig(PreTrainedConfig):
@@ -88,6 +92,8 @@ class MiniRopeConfig(PreTrainedConfig):
     mlp_bias: bool = False
 
     def __post_init__(self, **kwargs):
+        if self.rope_parameters is not None and not isinstance(self.rope_parameters, dict):
+            raise ValueError(f"rope_parameters must be a dict, got {self.rope_parameters!r}: e.g. {DEFAULT_ROPE}.")
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
@@ -134,21 +140,68 @@ class MiniRopeConfig(PreTrainedConfig):
             raise ValueError(f"attention_dropout must be in [0, 1), got {self.attention_dropout!r}.")
         if not self.rms_norm_eps > 0:
             raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps!r}.")
-        rope_type = self.rope_parameters.get("rope_type")
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(
+                f"hidden_act {self.hidden_act!r} is not an activation transformers knows: use 'silu' (SwiGLU, as "
+                f"Llama) or another key of transformers.activations.ACT2FN."
+            )
+        self._check_rope()
+
+    def _check_rope(self) -> None:
+        """`rope_parameters` as transformers' RoPE validation reads it, with its complaints raised, not logged.
+
+        Raises:
+            ValueError: an unknown type, a missing key of the type, or a value of the wrong type or range.
+        """
+        rope = self.rope_parameters
+        rope_type = rope.get("rope_type")
         if rope_type not in ROPE_TYPES:
             raise ValueError(
                 f"rope_parameters['rope_type'] = {rope_type!r} is unknown: use one of {', '.join(ROPE_TYPES)}."
             )
-        if not self.rope_parameters.get("rope_theta", 0) > 0:
-            raise ValueError(
-                f"rope_parameters['rope_theta'] must be > 0, got {self.rope_parameters.get('rope_theta')!r}."
-            )
-        if self.rope_parameters.get("partial_rotary_factor", 1.0) != 1.0:
+        theta = rope.get("rope_theta")
+        if isinstance(theta, bool) or not isinstance(theta, int | float) or not theta > 0:
+            raise ValueError(f"rope_parameters['rope_theta'] must be a number > 0, got {theta!r}: e.g. 10000.0.")
+        if rope.get("partial_rotary_factor", 1.0) != 1.0:
             raise ValueError(
                 "rope_parameters['partial_rotary_factor'] is not supported: minirope rotates the whole head "
                 "(as Llama does); remove the key."
             )
-        self.validate_rope()
+        complaints = _Complaints()
+        logger = logging.getLogger("transformers.modeling_rope_utils")
+        level = logger.level
+        logger.addHandler(complaints)
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False  # raised below, not printed
+        try:
+            self.validate_rope()
+        except (KeyError, TypeError) as error:  # a missing key, or a value that does not compare
+            raise ValueError(
+                f"rope_parameters {rope} is invalid for rope_type {rope_type!r} ({error}): give every key the type "
+                f"needs, as numbers (see transformers' modeling_rope_utils)."
+            ) from None
+        finally:
+            logger.removeHandler(complaints)
+            logger.setLevel(level)
+            logger.propagate = True
+        if complaints.errors:
+            complaint = complaints.errors[0].replace("`", "")
+            raise ValueError(f"rope_parameters {rope} is invalid: {complaint}: fix that value.")
+
+
+class _Complaints(logging.Handler):
+    """Collects what transformers' RoPE validation logs about a value that must be otherwise."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.errors: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        # not an invalid value: Llama 3 checkpoints are often saved with their original context as the maximum
+        consistency = "must be less than max_position_embeddings" in message
+        if ("must be" in message or "Missing required" in message) and not consistency:
+            self.errors.append(message)
 
 
 # The fields that define the network (its weights' shapes and what it computes), in declaration order: a folder

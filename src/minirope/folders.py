@@ -5,7 +5,9 @@ Used by every command that starts from a trained model (`minirope-finetune`, `-e
 that a folder that is not there, is not a model, holds corrupt weights or lacks a tokenizer reads the same everywhere.
 """
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedConfig, PreTrainedTokenizerBase
@@ -27,16 +29,31 @@ def first_line(error: Exception) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
+def looks_local(path: str) -> bool:
+    """Whether `path` names a local folder rather than a Hub id (`org/name`)."""
+    return path.startswith((".", "/", "~")) or path.count("/") > 1 or Path(path).exists()
+
+
 def load_config(args: ModelArguments) -> PreTrainedConfig:
     """The folder's config, which must describe a causal LM.
 
     Raises:
-        ValueError: no config (not a model folder), a config no Auto class knows, or a model that is not a causal LM.
+        ValueError: a local path that does not exist or is a file, no config (not a model folder), a config no Auto
+            class knows or whose values are invalid, or a model that is not a causal LM.
     """
     path = args.model_name_or_path
+    if looks_local(path) and not Path(path).is_dir():
+        what = "is a file" if Path(path).exists() else "does not exist"
+        raise ValueError(
+            f"cannot load a model from {path!r}: it {what}; give the folder written by minirope-pretrain or "
+            f"save_pretrained."
+        )
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError) as error:
+        config_file = Path(path) / "config.json"
+        if config_file.is_file() and "Unrecognized model" not in str(error):
+            raise ValueError(f"the config of {path!r} is invalid: {first_line(error)} (in {config_file}).") from None
         raise ValueError(
             f"cannot load a model from {path!r}: it is not a model folder ({first_line(error)}): give a folder written "
             f"by minirope-pretrain or save_pretrained, or a Hub id."
@@ -65,6 +82,27 @@ def load_tokenizer(args: ModelArguments) -> PreTrainedTokenizerBase:
         ) from None
 
 
+def check_weights(path: str, loading: dict) -> None:
+    """Refuse weights that do not fit the config, where transformers would re-initialise the tensors at random.
+
+    Raises:
+        ValueError: naming the first tensor whose shape differs (both shapes), or the tensors the config has and the
+            weights lack.
+    """
+    for name, saved, expected in sorted(loading["mismatched_keys"]):
+        raise ValueError(
+            f"the weights in {path!r} do not fit its config: {name} is {tuple(saved)} in model.safetensors but "
+            f"{tuple(expected)} by config.json: restore the config.json saved with these weights."
+        )
+    missing = sorted(loading["missing_keys"])
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise ValueError(
+            f"the weights in {path!r} lack {missing[0]}{more}, which its config describes (e.g. more layers than were "
+            f"saved): restore the config.json saved with these weights."
+        )
+
+
 def load_causal_lm(args: ModelArguments, **kwargs) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """The folder's causal LM (`AutoModelForCausalLM.from_pretrained(..., **kwargs)`) and tokenizer.
 
@@ -76,11 +114,17 @@ def load_causal_lm(args: ModelArguments, **kwargs) -> tuple[torch.nn.Module, Pre
     config = kwargs.pop("config", None) or load_config(args)
     path = args.model_name_or_path
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, config=config, trust_remote_code=args.trust_remote_code, **kwargs
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            path,
+            config=config,
+            trust_remote_code=args.trust_remote_code,
+            ignore_mismatched_sizes=True,  # reported below, with the tensor and both shapes
+            output_loading_info=True,
+            **kwargs,
         )
     except OSError as error:
         raise OSError(f"cannot load a model from {path!r}: {first_line(error)}") from error
+    check_weights(path, loading)
     tokenizer = load_tokenizer(args)
     rows = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > rows:
@@ -89,3 +133,38 @@ def load_causal_lm(args: ModelArguments, **kwargs) -> tuple[torch.nn.Module, Pre
             f"saved with the model, or call model.resize_token_embeddings(len(tokenizer)) and save it first."
         )
     return model, tokenizer
+
+
+def check_output(output: str | Path, flag: str, inputs: dict[str, str | None], folder: bool = True) -> None:
+    """Refuse an output path that would destroy or replace what the user has, before any work.
+
+    Refused: an output that is one of `inputs` (flag -> path; None skipped), inside one, or holding one (a checkpoint
+    rotation or a replaced folder would delete it); a file where a folder is written (`folder`), or a folder where a
+    file is; a place that cannot be written.
+
+    Raises:
+        ValueError: naming the flag, the path and the fix.
+    """
+    output = Path(output).expanduser()
+    target = output.resolve()
+    for input_flag, path in inputs.items():
+        if not path:
+            continue
+        source = Path(path).expanduser().resolve()
+        if target == source or source in target.parents or target in source.parents:
+            relation = "is" if target == source else "is inside" if source in target.parents else "holds"
+            raise ValueError(
+                f"{flag} {output} {relation} {input_flag} {path}: writing there would change or delete it; choose "
+                f"another {flag}."
+            )
+    if output.exists() and output.is_dir() != folder:
+        kind = "a file" if folder else "a folder"
+        raise ValueError(
+            f"{flag} {output} is {kind}, where {'a folder' if folder else 'a file'} is written: choose another {flag}."
+        )
+    start = target if target.is_dir() else target.parent  # a folder is written into; a file's folder is written
+    existing = next(parent for parent in (start, *start.parents) if parent.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"{flag} {output} cannot be written ({existing} is not a writable folder): choose another {flag}."
+        )

@@ -16,6 +16,7 @@ from transformers import HfArgumentParser
 
 from minirope.commands import run_cli
 from minirope.export import FORMATS, export_gguf, export_llama, export_onnx
+from minirope.folders import check_output
 
 
 @dataclass
@@ -38,6 +39,9 @@ def run(argv: list[str] | None = None) -> Path:
     (args,) = HfArgumentParser(ExportArguments).parse_args_into_dataclasses(args=argv)
     if args.format not in FORMATS:
         raise ValueError(f"--format {args.format!r} is not one of {', '.join(FORMATS)}.")
+    if args.format != "gguf" and args.outtype != "f32":
+        raise ValueError(f"--outtype {args.outtype} applies to --format gguf only: drop it for {args.format}.")
+    check_output(args.output, "--output", {"--model": args.model}, folder=args.format != "gguf")
     if args.format == "gguf":
         path = export_gguf(args.model, args.output, args.outtype, args.overwrite)
     elif args.format == "onnx":

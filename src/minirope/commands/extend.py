@@ -26,11 +26,13 @@ and llama3). The types, as transformers' `ROPE_INIT_FUNCTIONS` define them (orig
 `--do_train False` writes the scaled model without fine-tuning (inference-time scaling alone).
 """
 
+import math
 from dataclasses import dataclass, field
 
 from minirope.commands import run_cli
-from minirope.folders import ModelArguments, load_causal_lm, load_config
+from minirope.folders import ModelArguments, check_output, load_causal_lm, load_config
 from minirope.training.arguments import MiniRopeTrainingArguments, start_run
+from minirope.training.checkpoints import check_resume
 from minirope.training.data import (
     TextDataArguments,
     data_description,
@@ -69,6 +71,20 @@ class ExtendArguments:
         default=None, metadata={"help": f"Distances of the repeat test; default {' '.join(map(str, DISTANCES))}."}
     )
     repeat_samples: int = field(default=32, metadata={"help": "Windows per distance in the repeat test."})
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.factor):
+            raise ValueError(f"--factor must be a finite number > 1, got {self.factor}: e.g. 4.")
+        lowest = {
+            "--eval_block_sizes": (self.eval_block_sizes, 4),
+            "--eval_document_tokens": (self.eval_document_tokens, 1),
+            "--repeat_distances": (self.repeat_distances, 1),
+            "--repeat_samples": (self.repeat_samples, 1),
+        }
+        for flag, (values, low) in lowest.items():
+            for value in values if isinstance(values, list) else [values]:
+                if value is not None and value < low:
+                    raise ValueError(f"{flag} must be >= {low}, got {value}.")
 
 
 @dataclass
@@ -168,11 +184,14 @@ def scaled_config(model_args: ModelArguments, args: ExtendArguments, data_args: 
     return config, original
 
 
-def measure(trainer, model, tokenizer, windows: dict, documents: list[str], args: ExtendArguments, prefix: str):
-    """Bits per byte at each window length (`evaluate_at`) and the repeat test, under `prefix`."""
+def repeats(model, tokenizer, documents: list[str], args: ExtendArguments) -> list[dict]:
+    """The repeat test at `--repeat_distances` (`minirope.training.evaluation.repeat_test`).
+
+    Raises:
+        ValueError: a distance longer than the validation documents allow.
+    """
     distances = tuple(args.repeat_distances or DISTANCES)
-    repeats = repeat_test(model, tokenizer, documents, distances, samples=args.repeat_samples)
-    return evaluate_at(trainer, windows, prefix), repeats
+    return repeat_test(model, tokenizer, documents, distances, samples=args.repeat_samples)
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -183,8 +202,10 @@ def run(argv: list[str] | None = None) -> dict:
     """
     dataclasses = (ModelArguments, ExtendArguments, ExtendDataArguments, ExtendingArguments)
     model_args, args, data_args, training_args, start = start_run(dataclasses, argv)
+    check_output(start.output_dir, "--output_dir", {"--model_name_or_path": model_args.model_name_or_path})
     config, original = scaled_config(model_args, args, data_args)
     check_output_dir(start.output_dir, config, overwrite=training_args.overwrite_output_dir or start.resume is not None)
+    check_resume(start.resume, config, training_args.max_steps)
     model, tokenizer = load_causal_lm(model_args, config=config, attn_implementation=training_args.attention())
     train_shards, validation = training_shards(data_args), validation_shards(data_args)
     train = training_blocks(train_shards, tokenizer, data_args, training_args.seed) if training_args.do_train else None
@@ -196,6 +217,7 @@ def run(argv: list[str] | None = None) -> dict:
         for size in eval_sizes
     }
     documents = document_texts(validation)
+    repeats_before = repeats(model, tokenizer, documents, args)  # before the Trainer: a bad distance writes nothing
     trainer = MiniRopeTrainer(
         model=model,
         args=training_args,
@@ -203,11 +225,11 @@ def run(argv: list[str] | None = None) -> dict:
         processing_class=tokenizer,
     )
 
-    before = measure(trainer, model, tokenizer, windows, documents, args, "before")
+    before = (evaluate_at(trainer, windows, "before"), repeats_before)
     train_metrics, after = {}, ({key.replace("before", "after", 1): v for key, v in before[0].items()}, before[1])
     if training_args.do_train:
         train_metrics = trainer.train(resume_from_checkpoint=start.resume).metrics
-        after = measure(trainer, trainer.model, tokenizer, windows, documents, args, "after")
+        after = (evaluate_at(trainer, windows, "after"), repeats(trainer.model, tokenizer, documents, args))
 
     return report(trainer, model_args, args, data_args, start, original, eval_sizes, before, after, train_metrics)
 

@@ -18,16 +18,17 @@ after training; the output folder is Hub-ready (model or adapter, tokenizer, mod
 """
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from transformers import DataCollatorForSeq2Seq, default_data_collator
 
 from minirope.commands import run_cli
-from minirope.folders import ModelArguments, load_causal_lm
+from minirope.folders import ModelArguments, check_output, load_causal_lm
 from minirope.training.arguments import MiniRopeTrainingArguments, parse_cli_args, start_run
+from minirope.training.checkpoints import check_resume
 from minirope.training.data import (
     TextDataArguments,
     data_description,
+    data_kind,
     play_shards,
     prompt_completion_examples,
     tokenize_and_block,
@@ -50,6 +51,15 @@ class LoraArguments:
     lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA path."})
     lora_target_modules: str = field(default=LORA_TARGETS, metadata={"help": "Comma-separated module names."})
     merge_lora: bool = field(default=True, metadata={"help": "Merge the adapter into the saved weights."})
+
+    def __post_init__(self) -> None:
+        if self.lora_r < 1 or not self.lora_alpha > 0 or not 0 <= self.lora_dropout < 1:
+            raise ValueError(
+                f"LoRA needs --lora_r >= 1, --lora_alpha > 0 and --lora_dropout in [0, 1), got {self.lora_r}, "
+                f"{self.lora_alpha} and {self.lora_dropout}."
+            )
+        if not [name for name in self.lora_target_modules.split(",") if name.strip()]:
+            raise ValueError("--lora_target_modules is empty: name the modules, e.g. q_proj,v_proj.")
 
     def method(self) -> str:
         return ("LoRA (merged)" if self.merge_lora else "LoRA adapter") if self.lora else "full"
@@ -101,8 +111,13 @@ def parse_args(argv: list[str] | None = None) -> tuple:
 
 
 def datasets_and_collator(data_args: FinetuneDataArguments, tokenizer, seed: int):
-    """The training and validation examples of the data flags, and the collator that batches them."""
-    if data_args.train_file and all(Path(path).suffix in (".jsonl", ".json") for path in data_args.train_file):
+    """The training and validation examples of the data flags, and the collator that batches them.
+
+    Raises:
+        ValueError, OSError: no data or two sources, files of mixed kinds, or a bad file (naming it).
+    """
+    files = [*(data_args.train_file or []), *(data_args.validation_file or [])]
+    if files and data_kind(files, data_args.text_column) == "prompt_completion":
         train, validation = prompt_completion_examples(
             data_args.train_file, data_args.validation_file, tokenizer, data_args
         )
@@ -127,20 +142,22 @@ def run(argv: list[str] | None = None) -> dict:
     """
     dataclasses = (ModelArguments, LoraArguments, FinetuneDataArguments, FinetuningArguments)
     model_args, lora_args, data_args, training_args, start = start_run(dataclasses, argv)
+    check_output(start.output_dir, "--output_dir", {"--model_name_or_path": model_args.model_name_or_path})
     model, tokenizer = load_causal_lm(model_args, attn_implementation=training_args.attention())
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     check_output_dir(
         start.output_dir, model.config, overwrite=training_args.overwrite_output_dir or start.resume is not None
     )
+    check_resume(start.resume, model.config, training_args.max_steps)
     data_args.block_size = data_args.block_size or model.config.max_position_embeddings
     if data_args.block_size > model.config.max_position_embeddings:
         raise ValueError(
             f"--block_size {data_args.block_size} is longer than the model's context "
             f"{model.config.max_position_embeddings}: lower --block_size (or fine-tune with a scaled rope_parameters)."
         )
-    train, validation, collator = datasets_and_collator(data_args, tokenizer, training_args.seed)
     model = lora_args.wrap(model)
+    train, validation, collator = datasets_and_collator(data_args, tokenizer, training_args.seed)
     trainable = sum(param.numel() for param in model.parameters() if param.requires_grad)
     print(f"[minirope] fine-tuning {trainable / 1e6:.3f}M parameters on {len(train)} sequences")
     data = {"train_dataset": train, "eval_dataset": validation, "data_collator": collator}

@@ -28,8 +28,18 @@ class GenerateArguments:
     seed: int = field(default=0, metadata={"help": "Random seed, for reproducible samples."})
 
     def __post_init__(self) -> None:
+        if not self.prompt:
+            raise ValueError("--prompt is empty: give the text to continue.")
         if self.max_new_tokens < 1:
             raise ValueError(f"--max_new_tokens must be >= 1, got {self.max_new_tokens}.")
+        if self.temperature is not None and not self.temperature > 0:
+            raise ValueError(
+                f"--temperature must be > 0, got {self.temperature}: for greedy text pass --do_sample False."
+            )
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"--top_p must be in (0, 1], got {self.top_p}: e.g. 0.9.")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"--top_k must be >= 0 (0: no limit), got {self.top_k}.")
 
     def generation_kwargs(self) -> dict:
         names = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p")

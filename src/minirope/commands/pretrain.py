@@ -22,7 +22,9 @@ from transformers import AutoTokenizer, GenerationConfig, SchedulerType, set_see
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM
 from minirope.commands import run_cli
+from minirope.folders import check_output
 from minirope.training.arguments import MiniRopeTrainingArguments, parse_cli_args, start_run
+from minirope.training.checkpoints import check_resume
 from minirope.training.data import (
     TextDataArguments,
     block_stream,
@@ -35,7 +37,7 @@ from minirope.training.data import (
 )
 from minirope.training.output import check_output_dir, finish_run, model_card, optimizer_description
 from minirope.training.throughput import ThroughputCallback, training_flops_per_token
-from minirope.training.tokenizer import load_or_train_tokenizer
+from minirope.training.tokenizer import SPECIAL_TOKENS, load_or_train_tokenizer
 from minirope.training.trainer import MiniRopeTrainer, final_evaluation, parallelism
 
 SAMPLE_PROMPT = "ROMEO:\nBut soft, what light"
@@ -98,7 +100,25 @@ class DataArguments(TextDataArguments):
         metadata={"help": "Train the tokenizer on the first this many bytes of training text."},
     )
     sample_prompt: str = field(default=SAMPLE_PROMPT, metadata={"help": "Prompt of the sample printed at the end."})
-    sample_max_new_tokens: int = field(default=120, metadata={"help": "Length of that sample."})
+    sample_max_new_tokens: int = field(default=120, metadata={"help": "Length of that sample; 0 for no sample."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        floor = len(SPECIAL_TOKENS) + 256
+        if self.tokenizer_vocab_size is not None and self.tokenizer_vocab_size <= floor:
+            raise ValueError(
+                f"--tokenizer_vocab_size must be > {floor} (special tokens and 256 bytes), got "
+                f"{self.tokenizer_vocab_size}."
+            )
+        for name in ("shuffle_buffer_size", "sample_max_new_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}.")
+        if self.tokenizer_sample_bytes < 1:
+            raise ValueError(
+                f"--tokenizer_sample_bytes must be >= 1, got {self.tokenizer_sample_bytes}: e.g. 50000000."
+            )
+        if self.sample_max_new_tokens and not self.sample_prompt:
+            raise ValueError("--sample_prompt is empty: give a prompt, or --sample_max_new_tokens 0 for no sample.")
 
 
 @dataclass
@@ -137,6 +157,8 @@ class PretrainingArguments(MiniRopeTrainingArguments):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not 0 <= self.lr_decay_ratio <= 1:
+            raise ValueError(f"--lr_decay_ratio must be in [0, 1], got {self.lr_decay_ratio}: e.g. 0.25.")
         if self.lr_scheduler_type == SchedulerType.WARMUP_STABLE_DECAY and self.max_steps > 0:
             decay_steps = round(self.lr_decay_ratio * self.max_steps)
             self.lr_scheduler_kwargs = {"num_decay_steps": decay_steps, **(self.lr_scheduler_kwargs or {})}
@@ -213,8 +235,26 @@ def new_model(config: MiniRopeConfig, training_args: PretrainingArguments) -> Mi
     return model
 
 
+def check_flags(data_args: DataArguments, training_args: PretrainingArguments, start) -> None:
+    """The combinations of flags that cannot work, refused before any work; and where the output may go.
+
+    Raises:
+        ValueError: naming the flags and the fix.
+    """
+    if data_args.streaming and training_args.max_steps <= 0:
+        raise ValueError("--streaming needs --max_steps > 0: a stream has no length to count epochs in.")
+    if data_args.streaming and training_args.dataloader_num_workers:
+        raise ValueError(
+            "--streaming reads and tokenizes the stream in the training process: drop --dataloader_num_workers (or "
+            "set it to 0)."
+        )
+    check_output(start.output_dir, "--output_dir", {"--tokenizer_name_or_path": data_args.tokenizer_name_or_path})
+
+
 def sample(model, tokenizer, prompt: str, max_new_tokens: int, seed: int) -> str:
-    """A sample from the trained model with the stock `generate()` and its generation config."""
+    """A sample from the trained model with the stock `generate()` and its generation config ("" for none)."""
+    if not max_new_tokens:
+        return ""
     set_seed(seed)
     inputs = tokenizer(prompt, return_tensors="pt").to(model.device)
     model.eval()
@@ -232,13 +272,13 @@ def run(argv: list[str] | None = None) -> dict:
     """
     dataclasses = (ArchitectureArguments, DataArguments, PretrainingArguments)
     model_args, data_args, training_args, start = start_run(dataclasses, argv)
-    if data_args.streaming and training_args.max_steps <= 0:
-        raise ValueError("--streaming needs --max_steps > 0: a stream has no length to count epochs in.")
+    check_flags(data_args, training_args, start)
     train_shards = training_shards(data_args, streaming=data_args.streaming)
     tokenizer, reused = load_tokenizer(data_args, train_shards, start.output_dir, start.resume)
     print(f"[minirope] tokenizer: {'reused' if reused else 'trained'}, {len(tokenizer)} tokens")
     config = build_config(model_args, data_args, tokenizer)
     check_output_dir(start.output_dir, config, overwrite=training_args.overwrite_output_dir or start.resume is not None)
+    check_resume(start.resume, config, training_args.max_steps, streaming=data_args.streaming)
     train, validation = datasets(train_shards, tokenizer, data_args, training_args)
     model = new_model(config, training_args)
     blocks = "streamed" if data_args.streaming else len(train)
@@ -312,7 +352,7 @@ def report(trainer, data_args, start, throughput, train_metrics, eval_metrics, t
         )
     lines += [
         f"model written to {start.output_dir}/ (load it with AutoModelForCausalLM.from_pretrained)",
-        f"sample:\n{text}",
+        *([f"sample:\n{text}"] if text else []),
     ]
     finish_run(trainer, train_metrics=train_metrics, eval_metrics=eval_metrics, card=card, summary=summary, lines=lines)
 

@@ -7,6 +7,7 @@ keeping freed memory for the next step (`reuse_freed_memory`).
 
 import ctypes
 import ctypes.util
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -14,8 +15,9 @@ from pathlib import Path
 
 import torch
 from transformers import HfArgumentParser, TrainingArguments, set_seed
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from minirope.training.trainer import resolve_resume
+from minirope.training.checkpoints import resolve_resume
 
 
 def bf16_is_faster(device: torch.device, size: int = 512) -> bool:
@@ -77,6 +79,48 @@ class MiniRopeTrainingArguments(TrainingArguments):
         if self.torch_compile is None:  # a script's "decide for me" default: compile where bf16 runs
             self.torch_compile = self.bf16
         super().__post_init__()
+        self.check_ranges()
+
+    def check_ranges(self) -> None:
+        """Raise `ValueError` for a flag outside its range, when the flags are parsed (before any work)."""
+        at_least = {
+            "per_device_train_batch_size": 1,
+            "per_device_eval_batch_size": 1,
+            "gradient_accumulation_steps": 1,
+            "warmup_steps": 0,
+            "weight_decay": 0,
+            "max_grad_norm": 0,
+            "seed": 0,
+            "dataloader_num_workers": 0,
+        }
+        for name, low in at_least.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"--{name} must be >= {low}, got {getattr(self, name)}.")
+        if not self.learning_rate > 0:
+            raise ValueError(f"--learning_rate must be > 0, got {self.learning_rate}: e.g. 3e-4.")
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueError(f"--max_steps must be > 0, or -1 to train for --num_train_epochs, got {self.max_steps}.")
+        if self.max_steps == -1 and not self.num_train_epochs > 0:
+            raise ValueError(f"--num_train_epochs must be > 0 with --max_steps -1, got {self.num_train_epochs}.")
+        for strategy, steps in (
+            ("eval_strategy", "eval_steps"),
+            ("save_strategy", "save_steps"),
+            ("logging_strategy", "logging_steps"),
+        ):
+            value = getattr(self, steps)
+            if getattr(getattr(self, strategy), "value", getattr(self, strategy)) == "steps" and not (
+                value and value > 0
+            ):
+                raise ValueError(f"--{steps} must be > 0 with --{strategy} steps, got {value}.")
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            raise ValueError(
+                f"--save_total_limit must be >= 1 (or unset: keep every checkpoint), got {self.save_total_limit}."
+            )
+        if self.seed >= 2**32:
+            raise ValueError(f"--seed must be below 2**32, got {self.seed}.")
+        known = ("eager", *ALL_ATTENTION_FUNCTIONS.valid_keys())
+        if self.attn_implementation is not None and self.attn_implementation not in known:
+            raise ValueError(f"--attn_implementation {self.attn_implementation!r} is not one of {', '.join(known)}.")
 
     def attention(self) -> str:
         """`--attn_implementation`, or the default: `eager` on CPU, else `sdpa`.
@@ -89,11 +133,25 @@ class MiniRopeTrainingArguments(TrainingArguments):
 
 
 def parse_cli_args(dataclass_types: tuple, argv: list[str] | None = None) -> tuple:
-    """`HfArgumentParser` over `dataclass_types`; a single `.json` argument is read as a file of arguments."""
+    """`HfArgumentParser` over `dataclass_types`; a single `.json` argument is read as a file of arguments.
+
+    Raises:
+        ValueError: a flag outside its range (the dataclasses' checks), or an arguments file that is missing, not
+            JSON (naming its line) or holds keys no flag has.
+    """
     parser = HfArgumentParser(dataclass_types)
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(argv[0])
+        path = Path(argv[0])
+        if not path.is_file():
+            raise ValueError(f"arguments file {path} does not exist: check the path.")
+        try:
+            arguments = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"arguments file {path} is not JSON ({error.msg}, line {error.lineno}).") from None
+        if not isinstance(arguments, dict):
+            raise ValueError(f"arguments file {path} must hold one JSON object of flag names and values.")
+        return parser.parse_dict(arguments)
     return parser.parse_args_into_dataclasses(args=argv)
 
 

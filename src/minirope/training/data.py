@@ -44,11 +44,12 @@ from transformers import PreTrainedTokenizerBase
 from minirope.training.blocks import BlockStream, document_frame, document_windows, token_pieces
 from minirope.training.documents import (
     DatasetStream,
-    JsonLinesFile,
     Shard,
     Texts,
     expand_files,
     file_shard,
+    record_fields,
+    records,
 )
 from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.tokenizer import TextPieces
@@ -184,10 +185,12 @@ class TextDataArguments:
     repeat_length: int = field(default=64, metadata={"help": "Longest repeated passage, in tokens."})
 
     def __post_init__(self) -> None:
+        for name, low in (("block_size", 2), ("max_train_samples", 1), ("max_eval_samples", 1), ("repeat_length", 1)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValueError(f"--{name} must be >= {low}, got {value}.")
         if not 0.0 <= self.repeat_fraction <= 1.0:
             raise ValueError(f"--repeat_fraction must be in [0, 1], got {self.repeat_fraction}: e.g. 0.25.")
-        if self.repeat_length < 1:
-            raise ValueError(f"--repeat_length must be >= 1 token, got {self.repeat_length}.")
 
 
 def data_description(args: TextDataArguments) -> str:
@@ -199,18 +202,8 @@ def data_description(args: TextDataArguments) -> str:
     return BUNDLED_CORPUS
 
 
-def json_records(path: str | Path) -> Iterator[tuple[str, object]]:
-    """`(where, parsed record)` for each non-blank line of a JSON-lines file; `where` names the file and line.
-
-    Raises:
-        FileNotFoundError, ValueError: the file is missing, empty or not UTF-8, or a line is not JSON.
-    """
-    for _, where, record in JsonLinesFile(path, text_column="").records():
-        yield where, record
-
-
 def load_prompt_completion(train_files: list[str], validation_files: list[str]) -> DatasetDict:
-    """JSON-lines files of `{"prompt": ..., "completion": ...}` rows, as a `DatasetDict`.
+    """Records files (`.jsonl`, `.json`, `.parquet`) of `{"prompt": ..., "completion": ...}` rows, as a `DatasetDict`.
 
     Raises:
         FileNotFoundError, ValueError: a file is missing, empty, not UTF-8, not JSON lines, or a row lacks
@@ -220,7 +213,7 @@ def load_prompt_completion(train_files: list[str], validation_files: list[str]) 
     for split, paths in (("train", train_files), ("validation", validation_files)):
         rows = []
         for path in paths:
-            for where, row in json_records(path):
+            for where, row in records(path):
                 if not (
                     isinstance(row, dict)
                     and isinstance(row.get("prompt"), str)
@@ -269,6 +262,33 @@ def prompt_completion_examples(
     )
 
 
+def data_kind(files: list[str], text_column: str) -> str:
+    """What a list of data files holds, all alike: `"text"` (`.txt` files, or records with `text_column`) or
+    `"prompt_completion"` (records with `prompt` and `completion`).
+
+    Raises:
+        ValueError: records with neither, or files of both kinds (naming one of each).
+    """
+    kinds = {}
+    for path in expand_files(files, flag="--train_file/--validation_file"):
+        fields = record_fields(path)
+        if not fields and Path(path).suffix == ".txt" or text_column in fields:
+            kinds.setdefault("text", path)
+        elif {"prompt", "completion"} <= fields:
+            kinds.setdefault("prompt_completion", path)
+        else:
+            raise ValueError(
+                f"data file {path} has records with fields {sorted(fields)}: give a {text_column!r} field (text, or "
+                f"pass --text_column), or 'prompt' and 'completion'."
+            )
+    if len(kinds) > 1:
+        raise ValueError(
+            f"the data files mix text ({kinds['text']}) and prompt/completion records ({kinds['prompt_completion']}): "
+            f"give files of one kind."
+        )
+    return next(iter(kinds), "text")
+
+
 def dataset_shards(args: TextDataArguments, split: str, streaming: bool = False) -> list[Shard]:
     """The `split` of `--dataset_name` as one shard: streamed with `datasets` (`streaming=True`), or loaded.
 
@@ -278,6 +298,12 @@ def dataset_shards(args: TextDataArguments, split: str, streaming: bool = False)
     name = args.dataset_name
     try:
         dataset = load_dataset(name, args.dataset_config_name, split=split, streaming=streaming)
+    except FileNotFoundError as error:
+        reason = (str(error).strip().splitlines() or ["not found"])[0]
+        raise FileNotFoundError(
+            f"--dataset_name {name}: no such dataset folder, and none on the Hub ({reason}): check the name, or give "
+            f"--train_file/--validation_file."
+        ) from None
     except ValueError as error:
         if "split" not in str(error).lower():
             raise

@@ -187,9 +187,14 @@ class JsonLinesFile(FileShard):
 class JsonArrayFile(FileShard):
     """A `.json` file holding one array of records (read whole); locator: the record's index."""
 
-    def documents(self, start: object = None) -> Iterator[Document]:
+    def load(self) -> list:
+        """The file's records.
+
+        Raises:
+            ValueError: not UTF-8, or not JSON (naming the line).
+        """
         try:
-            records = json.loads(self.path.read_text(encoding="utf-8"))
+            return json.loads(self.path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as error:
             raise not_utf8(self.path, error.start, error.object[error.start]) from None
         except json.JSONDecodeError as error:
@@ -197,6 +202,9 @@ class JsonArrayFile(FileShard):
                 f"{self.path} is not JSON ({error.msg}, line {error.lineno}): write an array of records, or one "
                 f"record per line."
             ) from None
+
+    def documents(self, start: object = None) -> Iterator[Document]:
+        records = self.load()
         for index in range(start or 0, len(records)):
             where = f"{self.path} record {index}"
             text = record_text(records[index], self.text_column, where)
@@ -307,6 +315,37 @@ def file_shard(path: str, text_column: str) -> Shard:
     if suffix == ".json" and is_json_array(Path(path)):
         return JsonArrayFile(path, text_column)
     return JsonLinesFile(path, text_column)
+
+
+def records(path: str) -> Iterator[tuple[str, object]]:
+    """`(where, record)` for every record of a `.jsonl`, `.json` or `.parquet` file; `where` names the file and place.
+
+    Raises:
+        ValueError, OSError: the file is missing, empty, of another kind, or unreadable (naming the place).
+    """
+    shard = file_shard(path, text_column="")
+    if isinstance(shard, JsonLinesFile):
+        for _, where, record in shard.records():
+            yield where, record
+    elif isinstance(shard, JsonArrayFile):
+        for index, record in enumerate(shard.load()):
+            yield f"{path} record {index}", record
+    elif isinstance(shard, ParquetFile):
+        rows = (
+            row for group in range(shard.file.num_row_groups) for row in shard.file.read_row_group(group).to_pylist()
+        )
+        for index, row in enumerate(rows):
+            yield f"{path} row {index}", row
+    else:
+        raise ValueError(f"data file {path} is plain text, not records: give a .jsonl, .json or .parquet file.")
+
+
+def record_fields(path: str) -> set[str]:
+    """The fields of a file's first record; empty for a `.txt` file (plain text)."""
+    if Path(path).suffix == ".txt":
+        return set()
+    first = next(records(path), (None, {}))[1]
+    return set(first) if isinstance(first, dict) else set()
 
 
 def all_text(shards: list[Shard]) -> Iterator[tuple[str, str]]:

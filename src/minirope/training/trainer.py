@@ -7,10 +7,11 @@ from collections import deque
 from pathlib import Path
 
 import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
+from transformers import SchedulerType, Trainer, TrainerCallback, default_data_collator
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_peft_model
 
 from minirope.training.blocks import BlockStream
+from minirope.training.checkpoints import last_complete_checkpoint
 from minirope.training.errors import NonFiniteLossError
 from minirope.training.metrics import language_model_metrics
 
@@ -69,6 +70,19 @@ class MiniRopeTrainer(Trainer):
             self.args.ignore_data_skip = True
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        """`Trainer.create_scheduler`; warmup-stable-decay without `num_decay_steps` (training by epochs, whose
+        steps are known only now) decays over `--lr_decay_ratio` of the steps."""
+        kwargs = self.args.lr_scheduler_kwargs or {}
+        ratio = getattr(self.args, "lr_decay_ratio", None)
+        if self.args.lr_scheduler_type == SchedulerType.WARMUP_STABLE_DECAY and "num_decay_steps" not in kwargs:
+            if ratio is None:
+                raise ValueError(
+                    "--lr_scheduler_type warmup_stable_decay needs num_decay_steps in --lr_scheduler_kwargs."
+                )
+            self.args.lr_scheduler_kwargs = {**kwargs, "num_decay_steps": round(ratio * num_training_steps)}
+        return super().create_scheduler(num_training_steps, optimizer)
+
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         loss = super().training_step(model, inputs, num_items_in_batch)
         if not torch.isfinite(loss).all():
@@ -121,35 +135,6 @@ class StreamPosition(TrainerCallback):
             folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             position = self.stream.state_at(state.global_step * self.blocks_per_step(args))
             (folder / STREAM_STATE).write_text(json.dumps(position))
-
-
-def resolve_resume(training_args: TrainingArguments) -> str | None:
-    """`--resume_from_checkpoint last` (or `True`) means the newest `checkpoint-N` in `--output_dir`.
-
-    Raises:
-        FileNotFoundError: the checkpoint (or any complete checkpoint, for `last`) does not exist.
-    """
-    resume = training_args.resume_from_checkpoint
-    if resume in (None, "", "False", "false"):
-        return None
-    if resume in ("last", "True", "true"):
-        last = last_complete_checkpoint(training_args.output_dir)
-        if last is None:
-            raise FileNotFoundError(f"no complete checkpoint-N folder in {training_args.output_dir} to resume from.")
-        return last
-    if not Path(resume).is_dir():
-        raise FileNotFoundError(f"--resume_from_checkpoint {resume} is not a checkpoint folder: check the path.")
-    return resume
-
-
-def last_complete_checkpoint(output_dir: str | Path) -> str | None:
-    """The newest `checkpoint-N` in `output_dir` whose `trainer_state.json` (written last) exists.
-
-    The Trainer writes a checkpoint file by file; one cut short by a crash lacks that file and is skipped.
-    """
-    folders = [path for path in Path(output_dir).glob("checkpoint-*") if path.name.split("-")[-1].isdigit()]
-    complete = [path for path in folders if (path / "trainer_state.json").is_file()]
-    return str(max(complete, key=lambda path: int(path.name.split("-")[-1]))) if complete else None
 
 
 def final_evaluation(trainer: Trainer) -> dict:

@@ -1,0 +1,133 @@
+"""Which checkpoint a run resumes from, checked before it is used.
+
+The Trainer writes a checkpoint file by file (weights, optimizer, scheduler, RNG states, `trainer_state.json`), so a
+crash can leave one cut short, and a copy can truncate a file. Every file a resume reads is checked here first
+(safetensors headers against the file size, the zip archives `torch.save` writes, JSON), so that a bad checkpoint is
+one line naming the file and the fix, not a traceback after the model and data are ready; and
+`--resume_from_checkpoint last` passes over a bad checkpoint, with a warning, to the newest good one.
+"""
+
+import json
+import logging
+import struct
+import zipfile
+from pathlib import Path
+
+from transformers import PreTrainedConfig, TrainingArguments
+
+from minirope.configuration_minirope import ARCHITECTURE_FIELDS
+
+logger = logging.getLogger(__name__)
+STATE = "trainer_state.json"
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file is unreadable (a header that does not parse, or data shorter than it says), or None."""
+    try:
+        with open(path, "rb") as file:
+            (length,) = struct.unpack("<Q", file.read(8))
+            header = json.loads(file.read(length))
+    except (struct.error, ValueError, UnicodeDecodeError):
+        return "its header does not parse"
+    end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+    size = path.stat().st_size
+    return f"it holds {size} bytes of the {8 + length + end} its header describes" if size < 8 + length + end else None
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """The first file of a checkpoint that a resume could not read, with the reason; None if all are readable."""
+    state = folder / STATE
+    if not state.is_file():
+        return f"{state} is missing (the checkpoint was cut short)"
+    try:
+        json.loads(state.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return f"{state} is not JSON"
+    # What the Trainer wrote before trainer_state.json; which files there are depends on the run (sharded weights,
+    # FSDP's sharded state, --save_only_model), so each one present is checked, none is required.
+    for path in sorted(folder.glob("*.safetensors")):
+        if problem := safetensors_problem(path):
+            return f"{path} is truncated or corrupt: {problem}"
+    for path in [folder / "optimizer.pt", folder / "scheduler.pt", *sorted(folder.glob("rng_state*.pth"))]:
+        if not path.is_file():
+            continue
+        try:
+            with zipfile.ZipFile(path) as archive:
+                bad = archive.testzip()
+        except (zipfile.BadZipFile, OSError):
+            bad = "its archive"
+        if bad:
+            return f"{path} is truncated or corrupt ({bad} does not read back)"
+    return None
+
+
+def checkpoint_step(folder: Path) -> int:
+    return int(folder.name.split("-")[-1])
+
+
+def last_complete_checkpoint(output_dir: str | Path) -> str | None:
+    """The newest `checkpoint-N` in `output_dir` that a resume can read (`checkpoint_problem`); each newer one is
+    passed over with a warning naming its problem."""
+    folders = [path for path in Path(output_dir).glob("checkpoint-*") if path.name.split("-")[-1].isdigit()]
+    for folder in sorted(folders, key=checkpoint_step, reverse=True):
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            return str(folder)
+        logger.warning("passing over %s: %s", folder, problem)
+    return None
+
+
+def resolve_resume(training_args: TrainingArguments) -> str | None:
+    """`--resume_from_checkpoint last` (or `True`) means the newest readable `checkpoint-N` in `--output_dir`.
+
+    Raises:
+        FileNotFoundError: no such checkpoint folder, or (`last`) none that can be read.
+        ValueError: a given checkpoint with a missing, truncated or corrupt file (naming it).
+    """
+    resume = training_args.resume_from_checkpoint
+    if resume in (None, "", "False", "false"):
+        return None
+    if resume in ("last", "True", "true"):
+        last = last_complete_checkpoint(training_args.output_dir)
+        if last is None:
+            raise FileNotFoundError(f"no complete checkpoint-N folder in {training_args.output_dir} to resume from.")
+        return last
+    if not Path(resume).is_dir():
+        raise FileNotFoundError(f"--resume_from_checkpoint {resume} is not a checkpoint folder: check the path.")
+    if problem := checkpoint_problem(Path(resume)):
+        raise ValueError(
+            f"--resume_from_checkpoint {resume} cannot be resumed: {problem}; resume from an earlier checkpoint, or "
+            f"--resume_from_checkpoint last to take the newest good one."
+        )
+    return resume
+
+
+def check_resume(resume: str | None, config: PreTrainedConfig, max_steps: int, streaming: bool = False) -> None:
+    """Refuse to resume a checkpoint of another model, one already at or past `--max_steps`, or (`streaming`) one
+    without the stream's position.
+
+    Raises:
+        ValueError: naming the first architecture field that differs (both values), the steps, or the file.
+    """
+    if resume is None:
+        return
+    if streaming and not (Path(resume) / "stream_state.json").is_file():
+        raise ValueError(
+            f"--resume_from_checkpoint {resume} holds no stream_state.json, the stream's position: resume a streaming "
+            f"run from a checkpoint of a streaming run."
+        )
+    config_file = Path(resume) / "config.json"
+    saved = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    new = config.to_dict()
+    for field in ARCHITECTURE_FIELDS:
+        if field in saved and saved[field] != new.get(field):
+            raise ValueError(
+                f"--resume_from_checkpoint {resume} holds another model ({field} {saved[field]!r}, this run "
+                f"{new.get(field)!r}): resume with the flags it was trained with, or train without resuming."
+            )
+    step = json.loads((Path(resume) / STATE).read_text()).get("global_step", 0)
+    if 0 < max_steps <= step:
+        raise ValueError(
+            f"--resume_from_checkpoint {resume} is at step {step}, and --max_steps is {max_steps}: nothing is left to "
+            f"train; raise --max_steps to train further."
+        )
