@@ -85,6 +85,10 @@ def layout(request) -> str:
 
 # A pretraining run small enough for the default suite (~5 s): tiny model, 64 blocks, 6 steps.
 # fmt: off
+# Runs compared for exact equality (resume after SIGKILL vs never stopping) train on the CPU, where two runs are
+# bitwise identical: on CUDA two uninterrupted runs already differ (atomic adds in backward kernels), by 1.2e-3
+# relative on an H200 (issue 24). What is tested, where the data and optimizer continue, does not depend on the device.
+ON_CPU = ["--use_cpu", "True"]
 TINY_RUN = [
     "--hidden_size", "32", "--intermediate_size", "64", "--num_hidden_layers", "2",
     "--num_attention_heads", "4", "--num_key_value_heads", "2", "--block_size", "32",

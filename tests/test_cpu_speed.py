@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from minirope import kernels_minirope as kernels
 from minirope.kernels_minirope import MiniRopeLinear, matmul_nt, onednn_linear_enabled, use_onednn
 from minirope.training.arguments import reuse_freed_memory
 
@@ -45,8 +46,11 @@ def test_tensor_subclasses_and_tracing_get_the_standard_linear():
     assert use_onednn(x, layer.weight)  # and eager float32 products are back on oneDNN afterwards
 
 
+@pytest.mark.parametrize("onednn_backward", [False, True], ids=["backward-on-mm", "backward-on-onednn"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear_matches_torch_in_value_and_gradients(bias):
+def test_linear_matches_torch_in_value_and_gradients(bias, onednn_backward, monkeypatch):
+    """Both backward paths, whichever this CPU takes (oneDNN's on AVX-512, torch.mm's on AVX2)."""
+    monkeypatch.setattr(kernels, "onednn_backward_enabled", lambda: onednn_backward)
     torch.manual_seed(0)
     layer = MiniRopeLinear(48, 80, bias=bias)
     reference = torch.nn.Linear(48, 80, bias=bias)

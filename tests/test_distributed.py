@@ -9,6 +9,7 @@ different learning-rate schedule moves the loss by > 1e-3).
 """
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -25,7 +26,11 @@ RUN = [*TINY_RUN, "--bf16", "False", "--max_steps", "10", "--eval_strategy", "no
 
 
 def launch(command: list[str], cwd) -> None:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=cwd)
+    """Run `command` with every process on the CPU (gloo): two ranks never share one GPU, and a machine with one
+    GPU runs these tests as CI does (`CUDA_VISIBLE_DEVICES=""`; the single-process baselines too, for the same
+    float32 arithmetic)."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
 
 

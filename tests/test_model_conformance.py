@@ -112,7 +112,12 @@ def test_device_map_auto_loads_through_accelerate(tmp_path):
     model = random_model(tiny_config("gqa"))
     model.save_pretrained(tmp_path)
     mapped = AutoModelForCausalLM.from_pretrained(tmp_path, device_map="auto")
-    assert mapped.device.type == "cpu"
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    assert mapped.device.type == (accelerator.type if accelerator else "cpu")  # where accelerate puts a small model
     input_ids = torch.randint(3, 97, (1, 10))
     with torch.no_grad():
-        assert torch.equal(mapped(input_ids).logits, model(input_ids).logits)
+        logits, want = mapped(input_ids.to(mapped.device)).logits.cpu(), model(input_ids).logits
+    if accelerator:  # another device's kernels: float32 rounding differences
+        torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-5)
+    else:
+        assert torch.equal(logits, want)

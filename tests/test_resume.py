@@ -6,12 +6,12 @@ import subprocess
 import sys
 import time
 
-from conftest import TINY_RUN
+from conftest import ON_CPU, TINY_RUN
 
 from minirope.commands import pretrain
 
-# fp32 for bit-level determinism; no periodic evaluation; a checkpoint every 10 of 120 steps.
-RUN = [*TINY_RUN, "--bf16", "False", "--max_steps", "120", "--save_steps", "10", "--eval_strategy", "no",
+# fp32 on the CPU for bit-level determinism; no periodic evaluation; a checkpoint every 10 of 120 steps.
+RUN = [*TINY_RUN, *ON_CPU, "--bf16", "False", "--max_steps", "120", "--save_steps", "10", "--eval_strategy", "no",
        "--max_train_samples", "400", "--save_total_limit", "2", "--seed", "7"]  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from itertools import islice
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import TINY_RUN
+from conftest import ON_CPU, TINY_RUN
 from test_bad_input import assert_no_model, cli_error
 from test_distributed import assert_close, launch
 from test_resume import kill_when_written
@@ -295,7 +295,7 @@ def test_sigkill_then_resume_continues_the_shuffled_stream_from_the_checkpoint(t
         rows = ["ROMEO:\n" + " ".join(rng.choice(words) for _ in range(8)) + "\n" for _ in range(20)]
         (shards / f"s-{shard:03d}.jsonl").write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
     (tmp_path / "valid.txt").write_text("ROMEO:\n" + " ".join(rng.choice(words) for _ in range(400)) + "\n")
-    run = [*TINY_RUN, "--streaming", "True", "--train_file", str(shards / "s-*.jsonl"), "--validation_file",
+    run = [*TINY_RUN, *ON_CPU, "--streaming", "True", "--train_file", str(shards / "s-*.jsonl"), "--validation_file",
            str(tmp_path / "valid.txt"), "--bf16", "False", "--max_steps", "200", "--save_steps", "20",
            "--eval_strategy", "no", "--save_total_limit", "2", "--seed", "7", "--shuffle_buffer_size", "16",
            "--max_train_samples", "5000"]  # fmt: skip

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 from conftest import tiny_config
 
@@ -47,8 +48,33 @@ def test_first_step_and_step_interval_times(monkeypatch):
 
 
 def test_matmul_peak_is_a_plausible_rate():
-    flops = matmul_peak_flops(size=256, repeats=2)
+    flops, size = matmul_peak_flops(sizes=(128, 256), repeats=2)
     assert 1e8 < flops < 1e15  # between 0.1 GFLOP/s and 1 PFLOP/s
+    assert size in (128, 256)
+
+
+def test_matmul_peak_grows_the_product_until_the_rate_stops_rising(monkeypatch):
+    """A GPU-like device whose rate rises up to 8192 x 8192 (as an H200's did: 440 TFLOP/s at 2048, 775 at 8192)
+    is measured at 8192, not at the size where a small device is already full."""
+    from minirope.training import throughput
+
+    rates = {512: 50e12, 1024: 200e12, 2048: 440e12, 4096: 700e12, 8192: 775e12, 16384: 780e12}
+    measured = []
+
+    def fake_seconds(size, device, dtype, repeats):
+        measured.append(size)
+        return 2 * size**3 / rates[size]
+
+    monkeypatch.setattr(throughput, "matmul_seconds", fake_seconds)
+    assert throughput.matmul_peak_flops("cpu") == (pytest.approx(780e12), 16384)  # rose < 5 %: stop there
+    assert measured == [512, 1024, 2048, 4096, 8192, 16384]
+    rates.update({4096: 445e12})  # full at 2048: one more size to see it, no further
+    measured.clear()
+    assert throughput.matmul_peak_flops("cpu") == (pytest.approx(445e12), 4096)
+    assert measured == [512, 1024, 2048, 4096]
+    measured.clear()  # a slow device: a product of 0.1 s is large enough
+    assert throughput.matmul_peak_flops("cpu", sizes=(512, 1024, 2048), long_enough=2 * 1024**3 / 200e12)[1] == 1024
+    assert measured == [512, 1024]
 
 
 def test_precision_and_compile_defaults_follow_the_bf16_measurement(monkeypatch):

@@ -73,8 +73,19 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+@functools.cache
+def onednn_backward_enabled() -> bool:
+    """Whether `OneDnnLinear`'s backward products run on oneDNN too: on AVX-512 CPUs, where the whole path was
+    measured faster. On AVX2 (2-core AMD EPYC, 1,024 rows, widths 256 to 4,096) oneDNN's forward product ran
+    0.97-0.80x the time of `torch.mm`'s but its transposed weight-gradient product 1.3-1.5x (an extra copy of each
+    operand), so a training step took 0.91x Llama's speed with it and 1.01x with the backward on `torch.mm`.
+    """
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
 class OneDnnLinear(torch.autograd.Function):
-    """`nn.functional.linear` with the forward and both backward products on oneDNN.
+    """`nn.functional.linear` with the forward product on oneDNN, and both backward products too on AVX-512
+    (`onednn_backward_enabled`).
 
     Under `create_graph=True` (a gradient of a gradient) the backward products use `nn.functional.linear`,
     which autograd can differentiate again; the oneDNN op has no derivative of its own.
@@ -89,7 +100,8 @@ class OneDnnLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        product = nn.functional.linear if torch.is_grad_enabled() else onednn_linear
+        on_onednn = not torch.is_grad_enabled() and onednn_backward_enabled()
+        product = onednn_linear if on_onednn else nn.functional.linear
         grad_2d, x_2d = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
         grad_x = product(grad, weight.T) if ctx.needs_input_grad[0] else None  # grad @ W
         grad_weight = product(grad_2d.T, x_2d.T) if ctx.needs_input_grad[1] else None  # grad^T @ x
@@ -124,8 +136,10 @@ class LinearCrossEntropy(torch.autograd.Function):
     `(N, V)` logits or their gradient ever existing in full. For each chunk of `chunk_size` rows the float32
     logits give the loss and, at once, their gradient `softmax - one_hot(target)` (scaled by 1 / count),
     which is multiplied into the gradients of `hidden` and `weight` and dropped; `backward` only scales those
-    by the incoming gradient. Under autocast the three matrix products run in the autocast dtype, as
-    `nn.Linear` and its backward would. Same approach as Liger Kernel's fused linear cross-entropy.
+    by the incoming gradient. The weight's gradient is one float32 `(V, D)` accumulator, added to inside the
+    product (`addmm_`) in float32. Under autocast the three matrix products run in the autocast dtype, as
+    `nn.Linear` and its backward would, and each chunk's product is added to the accumulator. Same approach as
+    Liger Kernel's fused linear cross-entropy.
 
     Args (of `apply`): hidden `(N, D)`; weight `(V, D)`; targets `(N,)` int64 in `[0, V)` or -100;
     num_items_in_batch: the denominator (tensor or int), or None for the number of counted targets;
@@ -159,7 +173,11 @@ class LinearCrossEntropy(torch.autograd.Function):
             grad_logits = grad_logits.mul_(scale[rows, None]).to(dtype)
             if grad_hidden is not None:
                 grad_hidden[rows] = matmul_nt(grad_logits, compute_weight.T)
-            if grad_weight is not None:
+            if grad_weight is None:
+                continue
+            if grad_weight.dtype == dtype:  # accumulated inside the product: no (V, D) temporary, no extra pass
+                grad_weight.addmm_(grad_logits.T, compute_hidden[rows])
+            else:  # bfloat16 products into the float32 accumulator (mixed-dtype addmm has no CPU kernel)
                 grad_weight += matmul_nt(grad_logits.T, compute_hidden[rows].T)
         ctx.save_for_backward(grad_hidden, grad_weight)
         return loss
@@ -188,6 +206,26 @@ def fused_causal_lm_loss(
     if not fusable or torch.compiler.is_compiling():
         return None
     return chunked_causal_lm_loss(hidden_states, lm_head.weight, labels, **kwargs)
+
+
+# Rows per chunk of `LinearCrossEntropy`, at least: enough that the weight-gradient product (V x rows x D) is
+# compute-bound rather than a pass over the (V, D) accumulator per chunk. CPU: measured on a 2-core AVX2 EPYC at
+# V = 128,256 (benchmarks/fused_loss.py --chunk_rows): 16 rows 0.73x Llama's step, 64 rows 3.1x, 256 rows 3.5x,
+# 1,024 rows 3.1x with twice the memory. Accelerators move ~100x more FLOPs per byte: 1,024 rows.
+MIN_CHUNK_ROWS = {"cpu": 256}
+MIN_CHUNK_ROWS_ACCELERATOR = 1024
+CHUNK_LOGITS = 2**21  # more rows while a chunk's float32 logits stay within 8 MiB (small vocabularies)
+
+
+def loss_chunk_rows(vocab_size: int, device_type: str) -> int:
+    """Rows per chunk of `LinearCrossEntropy` for a `vocab_size`-entry head on `device_type` ("cpu", "cuda", ...).
+
+    The chunk's float32 logits and their gradient (`rows x vocab_size`) are the loss's working memory: at least
+    `MIN_CHUNK_ROWS` rows (256 on CPU, 1,024 on accelerators; 128 MiB of float32 logits at V = 128,256 on CPU,
+    where Llama's loss holds the whole batch's), or more while they fit in 2M logits.
+    """
+    least = MIN_CHUNK_ROWS.get(device_type, MIN_CHUNK_ROWS_ACCELERATOR)
+    return max(least, CHUNK_LOGITS // vocab_size)
 
 
 def check_token_ids(input_ids: torch.LongTensor, vocab_size: int) -> None:
@@ -222,12 +260,11 @@ def chunked_causal_lm_loss(
     (token t predicts label t + 1) or `shift_labels` already shifted; -100 is ignored.
     Returns: the scalar float32 loss, in nats per counted target (or summed / `num_items_in_batch`).
 
-    Chunks hold about 2M logits (8 MiB in float32): large enough for efficient matrix products, small enough
-    to be reused from the allocator's free memory rather than freshly mapped each step.
+    Rows per chunk from `loss_chunk_rows`: enough for compute-bound matrix products at any vocabulary size.
     """
     if shift_labels is None:
         shift_labels = nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
     targets = shift_labels.reshape(-1).to(hidden.device)
-    chunk_size = max(1, 2**21 // weight.shape[0])
+    chunk_size = loss_chunk_rows(weight.shape[0], hidden.device.type)
     return LinearCrossEntropy.apply(hidden, weight, targets, num_items_in_batch, chunk_size)

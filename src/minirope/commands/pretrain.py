@@ -348,7 +348,8 @@ def report(trainer, data_args, start, throughput, train_metrics, eval_metrics, t
             f"training speed (per process, median step after warm-up): {speed['step_seconds']:.3f} s/step, "
             f"{speed['tokens_per_second']:,.0f} tokens/s, {speed['model_tflops'] * 1e3:.0f} model GFLOP/s = MFU "
             f"{speed['mfu']:.1%} of the {speed['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s {speed['matmul_peak_dtype']} "
-            f"matmul peak measured in this run (best of before and after training)"
+            f"matmul peak measured in this run ({speed['matmul_peak_size']}-square products, the size where the "
+            f"rate stopped rising; best of before and after training)"
         )
     lines += [
         f"model written to {start.output_dir}/ (load it with AutoModelForCausalLM.from_pretrained)",

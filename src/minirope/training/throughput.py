@@ -1,8 +1,8 @@
 """Training throughput and model FLOP utilisation (MFU), measured inside the run.
 
 MFU = achieved model FLOP/s / peak FLOP/s, with both numbers from the same process on the same machine:
-the peak is the best rate of a large matrix product in the training's precision (bf16 under `--bf16`, else
-float32) timed just before and just after training, and
+the peak is the best rate of a square matrix product in the training's precision (bf16 under `--bf16`, else
+float32), grown until the rate stops rising (`matmul_peak_flops`), timed just before and just after training, and
 the model FLOPs are counted as in PaLM (Chowdhery et al. 2022, appendix B): per trained token
 
     6 * N  +  12 * L * H * d * T
@@ -30,11 +30,8 @@ def training_flops_per_token(config: MiniRopeConfig, seq_len: int) -> float:
     return 6 * matmul_weights + 12 * config.num_hidden_layers * heads * head_dim * seq_len
 
 
-def matmul_peak_flops(
-    device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, size: int = 2048, repeats: int = 5
-) -> float:
-    """FLOP/s of the fastest of `repeats` `(size, size) @ (size, size)` products of `dtype` on `device`."""
-    device = torch.device(device)
+def matmul_seconds(size: int, device: torch.device, dtype: torch.dtype, repeats: int) -> float:
+    """Seconds of the fastest of `repeats` `(size, size) @ (size, size)` products of `dtype` on `device`."""
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     synchronize = torch.accelerator.synchronize if device.type != "cpu" else lambda: None  # CPU products are done
@@ -45,7 +42,34 @@ def matmul_peak_flops(
         a @ b
         synchronize()
         best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    return best
+
+
+def matmul_peak_flops(
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    repeats: int = 5,
+    sizes: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384),
+    long_enough: float = 0.1,
+) -> tuple[float, int]:
+    """The device's matrix-product rate, measured at a size that fills it: FLOP/s and the `size` it was reached at.
+
+    Square products of growing `sizes` until the rate stops rising (by less than 5 % from one size to the
+    next) or one product takes `long_enough` seconds: a small product does not fill a large device (on an
+    H200, 2048 x 2048 bf16 ran at 440 TFLOP/s, 8192 x 8192 at 775), while on a 2-core CPU 2048 x 2048 already
+    takes 0.25 s. Returns the best rate seen and its size.
+    """
+    device = torch.device(device)
+    best, best_size = 0.0, sizes[0]
+    for size in sizes:
+        seconds = matmul_seconds(size, device, dtype, repeats)
+        rate = 2 * size**3 / seconds
+        rising = rate > 1.05 * best
+        if rate > best:
+            best, best_size = rate, size
+        if not rising or seconds >= long_enough:
+            break
+    return best, best_size
 
 
 class ThroughputCallback(TrainerCallback):
@@ -75,13 +99,16 @@ class ThroughputCallback(TrainerCallback):
         self.flops_per_token = flops_per_token
         self.warmup_steps = warmup_steps
         self.peak_flops = 0.0
+        self.peak_size = 0
         self.peak_dtype = torch.bfloat16
         self.step_seconds: list[float] = []
         self._started = 0.0
 
     def measure_peak(self, args) -> None:
         self.peak_dtype = torch.bfloat16 if args.bf16 else torch.float32
-        self.peak_flops = max(self.peak_flops, matmul_peak_flops(args.device, self.peak_dtype))
+        flops, size = matmul_peak_flops(args.device, self.peak_dtype)
+        if flops > self.peak_flops:
+            self.peak_flops, self.peak_size = flops, size
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.measure_peak(args)
@@ -121,5 +148,6 @@ class ThroughputCallback(TrainerCallback):
             "model_tflops": round(achieved / 1e12, 4),
             "matmul_peak_tflops": round(self.peak_flops / 1e12, 4),
             "matmul_peak_dtype": str(self.peak_dtype).removeprefix("torch."),
+            "matmul_peak_size": self.peak_size,
             "mfu": round(achieved / self.peak_flops, 4),
         }

@@ -1,0 +1,35 @@
+"""The GPU benchmark and the fused-loss benchmark run end to end (on CPU, tiny shapes) and write what they print."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+
+
+def test_gpu_benchmark_runs_on_cpu_and_writes_every_row(tmp_path):
+    output = tmp_path / "gpu.json"
+    command = [sys.executable, str(BENCHMARKS / "gpu.py"), "--sizes", "tiny", "--steps", "2", "--warmup", "1",
+               "--rounds", "1", "--new_tokens", "3", "--no_compile", "--output", str(output),
+               "--scratch", str(tmp_path / "scratch")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(output.read_text())
+    assert record["device"] == "CPU" and record["matmul_peak_tflops"] > 0
+    (training,) = record["training"]
+    assert training["minirope"]["tokens_per_s"] > 0 and training["llama"]["tokens_per_s"] > 0
+    assert 0 < training["minirope"]["mfu"] < 1
+    assert {(row["attention"], row["batch"]) for row in record["generation"]} == {
+        ("sdpa", 1), ("sdpa", 8), ("eager", 1), ("eager", 8)
+    }  # fmt: skip
+    assert "| tiny | sdpa | no | no |" in result.stdout
+
+
+def test_fused_loss_benchmark_compares_with_llama(tmp_path):
+    command = [sys.executable, str(BENCHMARKS / "fused_loss.py"), "--vocab", "512", "--reps", "1",
+               "--output", str(tmp_path / "loss.json")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "loss.json").read_text())["rows"]
+    assert row["vocab"] == 512 and row["minirope"]["seconds"] > 0 and row["llama"]["peak_rise_mib"] >= 0
