@@ -209,10 +209,11 @@ def fused_causal_lm_loss(
 
 
 # Rows per chunk of `LinearCrossEntropy`, at least: enough that the weight-gradient product (V x rows x D) is
-# compute-bound rather than a pass over the (V, D) accumulator per chunk. CPU: measured on a 2-core AVX2 EPYC at
-# V = 128,256 (benchmarks/fused_loss.py --chunk_rows): 16 rows 0.73x Llama's step, 64 rows 3.1x, 256 rows 3.5x,
-# 1,024 rows 3.1x with twice the memory. Accelerators move ~100x more FLOPs per byte: 1,024 rows.
-MIN_CHUNK_ROWS = {"cpu": 256}
+# compute-bound rather than a pass over the (V, D) accumulator per chunk. CPU, 2-core AVX2 EPYC, V = 128,256
+# (benchmarks/fused_loss.py): 16 rows (the former 2M logits a chunk) 0.42x Llama's step, 256 rows 1.16x; a sweep
+# taken under load ranked 256 rows first, ahead of 64 and of 1,024 (which also took twice the memory).
+# Accelerators move ~100x more FLOPs per byte: 1,024 rows (reasoned, not yet measured on a GPU).
+MIN_CHUNK_ROWS_CPU = 256
 MIN_CHUNK_ROWS_ACCELERATOR = 1024
 CHUNK_LOGITS = 2**21  # more rows while a chunk's float32 logits stay within 8 MiB (small vocabularies)
 
@@ -221,10 +222,10 @@ def loss_chunk_rows(vocab_size: int, device_type: str) -> int:
     """Rows per chunk of `LinearCrossEntropy` for a `vocab_size`-entry head on `device_type` ("cpu", "cuda", ...).
 
     The chunk's float32 logits and their gradient (`rows x vocab_size`) are the loss's working memory: at least
-    `MIN_CHUNK_ROWS` rows (256 on CPU, 1,024 on accelerators; 128 MiB of float32 logits at V = 128,256 on CPU,
-    where Llama's loss holds the whole batch's), or more while they fit in 2M logits.
+    256 rows on CPU and 1,024 on accelerators (125 MiB of float32 logits at V = 128,256 on CPU, where Llama's loss
+    holds the whole batch's), or more while they fit in 2M logits.
     """
-    least = MIN_CHUNK_ROWS.get(device_type, MIN_CHUNK_ROWS_ACCELERATOR)
+    least = MIN_CHUNK_ROWS_CPU if device_type == "cpu" else MIN_CHUNK_ROWS_ACCELERATOR
     return max(least, CHUNK_LOGITS // vocab_size)
 
 
