@@ -57,6 +57,8 @@ def run(name: str, flags: list[str], keep: Path | None) -> dict:
         "train_seconds": round(train["train_runtime"], 1),
         "process_seconds": round(time.perf_counter() - started, 1),
         "step_seconds": summary.get("step_seconds"),
+        "matmul_peak_gflops": round(summary["matmul_peak_tflops"] * 1e3, 1),
+        "budget_gflop_seconds": round(summary["steps"] * summary["step_seconds"] * summary["matmul_peak_tflops"] * 1e3),
     }
 
 
@@ -124,7 +126,8 @@ def main() -> None:
         RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
         print(
             f"{name:24s} {result['bits_per_byte']:.4f} bits/byte  {result['steps']} steps  "
-            f"{result['train_seconds']:.0f} s training  {result['process_seconds']:.0f} s in all",
+            f"{result['train_seconds']:.0f} s training  {result['process_seconds']:.0f} s in all  "
+            f"budget {result['budget_gflop_seconds']:,} GFLOP-s",
             flush=True,
         )
     for name, result in sorted(results.items(), key=lambda item: item[1]["bits_per_byte"]):

@@ -34,6 +34,10 @@ TINY_EXTEND = [
 ]
 
 
+CHAT = [{"role": "user", "content": "Who is there?"}, {"role": "assistant", "content": "Nay, answer me."}]
+TOOL = {"role": "tool", "content": "42"}
+
+
 @pytest.fixture(scope="module")
 def world(tiny_pretrained, tmp_path_factory) -> Path:
     """The inputs the cases read: a model folder with its checkpoint, and data files good and bad."""
@@ -46,6 +50,10 @@ def world(tiny_pretrained, tmp_path_factory) -> Path:
             json.dumps({"prompt": "Q: who?\nA:", "completion": " ROMEO.\n"}) + "\n" for _ in range(8)
         ),
         "text.jsonl": "".join(json.dumps({"text": PLAY[:500]}) + "\n" for _ in range(8)),
+        "chat.jsonl": "".join(json.dumps({"messages": CHAT}) + "\n" for _ in range(8)),
+        "chat-role.jsonl": json.dumps({"messages": CHAT}) + "\n" + json.dumps({"messages": [*CHAT, TOOL]}) + "\n",
+        "chat-empty.jsonl": json.dumps({"messages": CHAT}) + "\n" + json.dumps({"messages": []}) + "\n",
+        "chat-no-answer.jsonl": json.dumps({"messages": CHAT[:1]}) + "\n",
         "content.jsonl": json.dumps({"content": PLAY}) + "\n",
         "bad.jsonl": json.dumps({"text": PLAY}) + "\nnot json\n",
         "empty.txt": "",
@@ -106,6 +114,7 @@ MAINS = {
 P, F = [*TINY_RUN, "--output_dir", "{out}"], ["--model_name_or_path", "{model}", "--output_dir", "{out}"]
 E, G, X = [*F, *TINY_EXTEND], ["--model", "{model}", "--prompt", "ROMEO:"], ["--model", "{model}", "--output", "{out}"]
 T, V = ["--train_file", "{w}/train.txt"], ["--validation_file", "{w}/valid.txt"]
+VC = ["--validation_file", "{w}/chat.jsonl"]
 PLAY_DATA = ["--play", "the-tempest"]
 
 # (command, argv, what the error line must contain); {w} is the inputs' folder, {model} its model, {out} a fresh path.
@@ -118,7 +127,7 @@ CASES = [
     (PRETRAIN, [*P, "--max_eval_samples", "0"], "--max_eval_samples must be >= 1"),
     (PRETRAIN, [*P, "--max_train_samples", "0"], "--max_train_samples must be >= 1"),
     (PRETRAIN, [*P, "--block_size", "1"], "--block_size must be >= 2"),
-    (PRETRAIN, [*P, "--tokenizer_vocab_size", "100"], "--tokenizer_vocab_size must be > 259"),
+    (PRETRAIN, [*P, "--tokenizer_vocab_size", "100"], "--tokenizer_vocab_size must be > 262"),
     (PRETRAIN, [*P, "--tokenizer_sample_bytes", "0"], "--tokenizer_sample_bytes must be >= 1"),
     (PRETRAIN, [*P, "--shuffle_buffer_size", "-1"], "--shuffle_buffer_size must be >= 0"),
     (PRETRAIN, [*P, "--learning_rate", "0"], "--learning_rate must be > 0"),
@@ -237,7 +246,15 @@ CASES = [
     (FINETUNE, ["--model_name_or_path", "{model}", "--output_dir", "{w}", *PLAY_DATA], "--output_dir {w} holds"),
     (FINETUNE, [*F, "--play", "hamlett"], "--play 'hamlett' is not in the corpus"),
     (FINETUNE, F, "No data: give --play NAME"),
-    (FINETUNE, [*F, "--train_file", "{w}/pairs.jsonl", *V], "mix text ({w}/valid.txt) and prompt/completion"),
+    (FINETUNE, [*F, "--train_file", "{w}/chat-role.jsonl", *VC], "{w}/chat-role.jsonl line 2: unknown role 'tool'"),
+    (FINETUNE, [*F, "--train_file", "{w}/chat-empty.jsonl", *VC], "{w}/chat-empty.jsonl line 2: 'messages' must be"),
+    (FINETUNE, [*F, "--train_file", "{w}/chat-no-answer.jsonl", *VC], "chat-no-answer.jsonl line 1: no assistant turn"),
+    (FINETUNE, [*F, "--train_file", "{w}/chat.jsonl", *V], "mix conversations ({w}/chat.jsonl) and text"),
+    (
+        FINETUNE,
+        [*F, "--train_file", "{w}/pairs.jsonl", *V],
+        "mix prompt/completion records ({w}/pairs.jsonl) and text",
+    ),
     (
         FINETUNE,
         [*F, "--train_file", "{w}/content.jsonl", "--validation_file", "{w}/content.jsonl"],

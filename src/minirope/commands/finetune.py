@@ -6,6 +6,8 @@ Data, one of:
   --train_file a.txt [b.txt ...] --validation_file c.txt   plain text, each file one document: continued
                                                            pretraining on every token
   --train_file a.jsonl --validation_file b.jsonl   {"prompt", "completion"} rows: loss on completion only
+  --train_file a.jsonl --validation_file b.jsonl   {"messages": [{"role", "content"}, ...]} rows: rendered
+                                                   with the chat template, loss on the assistant turns only
   --dataset_name NAME [--dataset_config_name C]    a `datasets` text dataset
 
 Full fine-tuning by default; `--lora` trains a peft LoRA adapter instead (merged into the weights on save
@@ -24,6 +26,7 @@ from transformers import DataCollatorForSeq2Seq, default_data_collator
 from minirope.commands import run_cli
 from minirope.folders import ModelArguments, check_output, load_causal_lm
 from minirope.training.arguments import MiniRopeTrainingArguments, parse_cli_args, start_run
+from minirope.training.chat import conversation_examples, load_conversations
 from minirope.training.checkpoints import check_resume
 from minirope.training.data import (
     TextDataArguments,
@@ -37,6 +40,7 @@ from minirope.training.data import (
 )
 from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.output import check_output_dir, finish_run, model_card, optimizer_description
+from minirope.training.tokenizer import add_chat_template
 from minirope.training.trainer import MiniRopeTrainer, final_evaluation
 
 LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
@@ -64,8 +68,9 @@ class LoraArguments:
     def method(self) -> str:
         return ("LoRA (merged)" if self.merge_lora else "LoRA adapter") if self.lora else "full"
 
-    def wrap(self, model):
-        """`model` with a peft LoRA adapter on `lora_target_modules`, or unchanged without `--lora`."""
+    def wrap(self, model, new_token_ids: list[int] = ()):
+        """`model` with a peft LoRA adapter on `lora_target_modules`, or unchanged without `--lora`; the input
+        embeddings of `new_token_ids` (tokens just added) are trained too (peft's `trainable_token_indices`)."""
         if not self.lora:
             return model
         from peft import LoraConfig, get_peft_model
@@ -77,6 +82,7 @@ class LoraArguments:
             lora_dropout=self.lora_dropout,
             target_modules=targets,
             task_type="CAUSAL_LM",
+            trainable_token_indices={"embed_tokens": list(new_token_ids)} if new_token_ids else None,
         )
         return get_peft_model(model, config)
 
@@ -86,6 +92,25 @@ class FinetuneDataArguments(TextDataArguments):
     """Data flags, plus one play of the bundled corpus; a .jsonl --train_file holds prompt/completion rows."""
 
     play: str | None = field(default=None, metadata={"help": "A play of the bundled corpus, e.g. the-tempest."})
+
+    def kind(self) -> str:
+        """What the data files hold: "text", "prompt_completion" or "messages" (`data_kind`); "text" without files."""
+        files = [*(self.train_file or []), *(self.validation_file or [])]
+        return data_kind(files, self.text_column) if files else "text"
+
+
+def chat_tokens(data_args: FinetuneDataArguments, model, tokenizer) -> list[int]:
+    """For conversations: the chat template on `tokenizer` (`add_chat_template`), and the ids of the role markers
+    it had to add, for which the model's embeddings grow (`resize_token_embeddings`: new rows start at the mean of
+    the others). [] for other data, or when the tokenizer already had them."""
+    if data_args.kind() != "messages":
+        return []
+    before = len(tokenizer)
+    if not add_chat_template(tokenizer):
+        return []
+    model.resize_token_embeddings(len(tokenizer))
+    print(f"[minirope] added the chat template's role tokens to the tokenizer ({before} -> {len(tokenizer)} tokens)")
+    return list(range(before, len(tokenizer)))
 
 
 @dataclass
@@ -116,11 +141,16 @@ def datasets_and_collator(data_args: FinetuneDataArguments, tokenizer, seed: int
     Raises:
         ValueError, OSError: no data or two sources, files of mixed kinds, or a bad file (naming it).
     """
-    files = [*(data_args.train_file or []), *(data_args.validation_file or [])]
-    if files and data_kind(files, data_args.text_column) == "prompt_completion":
+    kind = data_args.kind()
+    if kind == "prompt_completion":
         train, validation = prompt_completion_examples(
             data_args.train_file, data_args.validation_file, tokenizer, data_args
         )
+        return train, validation, DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX)
+    if kind == "messages":
+        conversations = load_conversations(data_args.train_file, data_args.validation_file)
+        limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples}
+        train, validation = conversation_examples(conversations, tokenizer, data_args.block_size, limits)
         return train, validation, DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX)
     if data_args.play and (data_args.train_file or data_args.dataset_name):
         raise ValueError("Give one data source: --play, --train_file/--validation_file, or --dataset_name.")
@@ -156,7 +186,8 @@ def run(argv: list[str] | None = None) -> dict:
             f"--block_size {data_args.block_size} is longer than the model's context "
             f"{model.config.max_position_embeddings}: lower --block_size (or fine-tune with a scaled rope_parameters)."
         )
-    model = lora_args.wrap(model)
+    new_token_ids = chat_tokens(data_args, model, tokenizer)
+    model = lora_args.wrap(model, new_token_ids)
     train, validation, collator = datasets_and_collator(data_args, tokenizer, training_args.seed)
     trainable = sum(param.numel() for param in model.parameters() if param.requires_grad)
     print(f"[minirope] fine-tuning {trainable / 1e6:.3f}M parameters on {len(train)} sequences")

@@ -37,7 +37,7 @@ from minirope.training.data import (
 )
 from minirope.training.output import check_output_dir, finish_run, model_card, optimizer_description
 from minirope.training.throughput import ThroughputCallback, training_flops_per_token
-from minirope.training.tokenizer import SPECIAL_TOKENS, load_or_train_tokenizer
+from minirope.training.tokenizer import RESERVED_TOKENS, load_or_train_tokenizer
 from minirope.training.trainer import MiniRopeTrainer, final_evaluation, parallelism
 
 SAMPLE_PROMPT = "ROMEO:\nBut soft, what light"
@@ -104,10 +104,9 @@ class DataArguments(TextDataArguments):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        floor = len(SPECIAL_TOKENS) + 256
-        if self.tokenizer_vocab_size is not None and self.tokenizer_vocab_size <= floor:
+        if self.tokenizer_vocab_size is not None and self.tokenizer_vocab_size <= RESERVED_TOKENS:
             raise ValueError(
-                f"--tokenizer_vocab_size must be > {floor} (special tokens and 256 bytes), got "
+                f"--tokenizer_vocab_size must be > {RESERVED_TOKENS} (special tokens and 256 bytes), got "
                 f"{self.tokenizer_vocab_size}."
             )
         for name in ("shuffle_buffer_size", "sample_max_new_tokens"):

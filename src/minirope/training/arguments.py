@@ -66,6 +66,14 @@ class MiniRopeTrainingArguments(TrainingArguments):
     use_cpu: bool | None = field(
         default=None, metadata={"help": "Train on the CPU. Default: only where there is no GPU or accelerator."}
     )
+    optim_hidden: str = field(
+        default="adamw",
+        metadata={
+            "help": "Optimizer of the decoder's hidden matrices: adamw (--optim, like every other parameter) or "
+            "muon (Muon, with AdamW for the embeddings, LM head and norms; same --learning_rate, --weight_decay "
+            "and schedule: minirope.training.optimizers)."
+        },
+    )
     per_device_eval_batch_size: int = 32
     lr_scheduler_type: str = "cosine"
     seed: int = 42
@@ -118,6 +126,8 @@ class MiniRopeTrainingArguments(TrainingArguments):
             )
         if self.seed >= 2**32:
             raise ValueError(f"--seed must be below 2**32, got {self.seed}.")
+        if self.optim_hidden not in ("adamw", "muon"):
+            raise ValueError(f"--optim_hidden must be adamw or muon, got {self.optim_hidden!r}.")
         known = ("eager", *ALL_ATTENTION_FUNCTIONS.valid_keys())
         if self.attn_implementation is not None and self.attn_implementation not in known:
             raise ValueError(f"--attn_implementation {self.attn_implementation!r} is not one of {', '.join(known)}.")

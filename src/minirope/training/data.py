@@ -31,6 +31,7 @@ history, one romance) are the validation split, the other 34 the training split,
 never seen in training, not even a neighbouring line.
 """
 
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -122,6 +123,21 @@ def shakespeare_dataset() -> DatasetDict:
             for split, names in splits.items()
         }
     )
+
+
+def shakespeare_conversations(split: str, max_chars: int = 400) -> list[dict]:
+    """The bundled corpus's dialogue as `{"messages": [...]}` rows: each reply by another speaker is one
+    conversation, the speaker's name as the system turn, the speech before it as the user turn, the reply as
+    the assistant turn. Exchanges with a speech longer than `max_chars` characters are left out. `split`: the
+    corpus's "train" (34 plays) or "validation" (4) plays."""
+    conversations = []
+    for play in shakespeare_dataset()[split]["text"]:
+        speeches = [speech.strip().partition(":\n") for speech in play.split("\n\n") if speech.strip()]
+        for (speaker, _, speech), (replier, _, reply) in itertools.pairwise(speeches):
+            if speaker != replier and 0 < len(speech) <= max_chars and 0 < len(reply) <= max_chars:
+                turns = [("system", replier), ("user", speech), ("assistant", reply)]
+                conversations.append({"messages": [{"role": role, "content": text} for role, text in turns]})
+    return conversations
 
 
 def bundled_shards(split: str) -> list[Shard]:
@@ -262,12 +278,15 @@ def prompt_completion_examples(
     )
 
 
+KIND_NAMES = {"text": "text", "prompt_completion": "prompt/completion records", "messages": "conversations"}
+
+
 def data_kind(files: list[str], text_column: str) -> str:
-    """What a list of data files holds, all alike: `"text"` (`.txt` files, or records with `text_column`) or
-    `"prompt_completion"` (records with `prompt` and `completion`).
+    """What a list of data files holds, all alike: `"text"` (`.txt` files, or records with `text_column`),
+    `"prompt_completion"` (records with `prompt` and `completion`) or `"messages"` (conversations).
 
     Raises:
-        ValueError: records with neither, or files of both kinds (naming one of each).
+        ValueError: records with none of these, or files of two kinds (naming one of each).
     """
     kinds = {}
     for path in expand_files(files, flag="--train_file/--validation_file"):
@@ -276,16 +295,16 @@ def data_kind(files: list[str], text_column: str) -> str:
             kinds.setdefault("text", path)
         elif {"prompt", "completion"} <= fields:
             kinds.setdefault("prompt_completion", path)
+        elif "messages" in fields:
+            kinds.setdefault("messages", path)
         else:
             raise ValueError(
                 f"data file {path} has records with fields {sorted(fields)}: give a {text_column!r} field (text, or "
-                f"pass --text_column), or 'prompt' and 'completion'."
+                f"pass --text_column), 'prompt' and 'completion', or 'messages' (conversations)."
             )
     if len(kinds) > 1:
-        raise ValueError(
-            f"the data files mix text ({kinds['text']}) and prompt/completion records ({kinds['prompt_completion']}): "
-            f"give files of one kind."
-        )
+        (kind, path), (other, other_path) = [(KIND_NAMES[kind], path) for kind, path in list(kinds.items())[:2]]
+        raise ValueError(f"the data files mix {kind} ({path}) and {other} ({other_path}): give files of one kind.")
     return next(iter(kinds), "text")
 
 

@@ -12,6 +12,17 @@ most one character ahead, so each side pre-tokenizes alone as it does inside the
 merges across pre-tokens. Each cut is also checked on the text around it (the two sides' ids, joined, equal
 the ids of both together), and a tokenizer for which such cuts are not exact (a normalizer or pre-tokenizer
 that looks further, e.g. SentencePiece's prefix space) has its documents tokenized whole.
+
+The chat template (`CHAT_TEMPLATE`) is Zephyr's format (HuggingFaceH4/zephyr-7b-beta): each turn is its role
+marker, a newline, the content and the eos token, then a newline; the generation prompt is the assistant marker
+and a newline, so the model answers and closes its turn with eos, where `generate()` and every server stop:
+
+    <|system|>\nYou are Hamlet.</s>\n<|user|>\nWho is there?</s>\n<|assistant|>\nNay, answer me.</s>\n
+
+The three role markers are special tokens (one id each, never produced from text, dropped by
+`decode(..., skip_special_tokens=True)`). The assistant's content and its eos sit inside `{% generation %}`
+markers, from which `apply_chat_template(..., return_assistant_tokens_mask=True)` (and TRL's
+`assistant_only_loss`) find the tokens to train on.
 """
 
 import logging
@@ -23,7 +34,27 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+ROLES = ("system", "user", "assistant")
+CHAT_TOKENS = [f"<|{role}|>" for role in ROLES]
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant'] -%}"
+    "{{ raise_exception('unknown role ' + message['role'] + ': use system, user or assistant') }}"
+    "{%- endif -%}"
+    "{{ '<|' + message['role'] + '|>\\n' }}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}"
+    "{%- else -%}"
+    "{{ message['content'] + eos_token }}"
+    "{%- endif -%}"
+    "{{ '\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant|>\\n' }}{%- endif -%}"
+)
+
+
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+RESERVED_TOKENS = len(SPECIAL_TOKENS) + len(CHAT_TOKENS) + 256  # special tokens and bytes: the rest are merges
 # Where a text may be cut: a single space or a single newline between two other characters.
 CUT_POINT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")
 PIECE_CHARS = 1 << 16  # characters per piece: about 16k tokens
@@ -33,26 +64,44 @@ PROBE = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the e
 logger = logging.getLogger(__name__)
 
 
+def add_chat_template(tokenizer: PreTrainedTokenizerBase) -> int:
+    """Give `tokenizer` the chat template, adding the role markers that are not yet single special tokens.
+
+    Returns the number of tokens added: when it is not 0, the model's embeddings must grow to `len(tokenizer)`
+    (`model.resize_token_embeddings`) before training, and the new rows start untrained.
+    """
+    missing = [token for token in CHAT_TOKENS if token not in tokenizer.get_vocab()]
+    added = tokenizer.add_special_tokens({"additional_special_tokens": missing}) if missing else 0
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return added
+
+
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE with `vocab_size` entries (3 special tokens + 256 bytes + merges) on `texts`.
+    """Train a byte-level BPE with `vocab_size` entries on `texts`: 6 special tokens (bos, eos, pad and the chat
+    template's three role markers, `minirope.training.chat`), 256 bytes, merges; it carries the chat template.
 
     Raises:
-        ValueError: `vocab_size` leaves no room for merges (must be > 259).
+        ValueError: `vocab_size` leaves no room for merges (must be > 262).
     """
-    floor = len(SPECIAL_TOKENS) + 256
-    if vocab_size <= floor:
-        raise ValueError(f"tokenizer vocab_size must be > {floor} (specials + 256 bytes), got {vocab_size}.")
+    if vocab_size <= RESERVED_TOKENS:
+        raise ValueError(f"tokenizer vocab_size must be > {RESERVED_TOKENS} (specials + 256 bytes), got {vocab_size}.")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS.values()),
+        special_tokens=[*SPECIAL_TOKENS.values(), *CHAT_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, clean_up_tokenization_spaces=False, **SPECIAL_TOKENS)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        clean_up_tokenization_spaces=False,
+        extra_special_tokens=CHAT_TOKENS,
+        chat_template=CHAT_TEMPLATE,
+        **SPECIAL_TOKENS,
+    )
 
 
 def load_or_train_tokenizer(

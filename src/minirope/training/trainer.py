@@ -14,6 +14,7 @@ from minirope.training.blocks import BlockStream
 from minirope.training.checkpoints import last_complete_checkpoint
 from minirope.training.errors import NonFiniteLossError
 from minirope.training.metrics import language_model_metrics
+from minirope.training.optimizers import MuonWithAdamW
 
 STREAM_STATE = "stream_state.json"
 
@@ -69,6 +70,23 @@ class MiniRopeTrainer(Trainer):
             self.stream_position.resume_state = json.loads(state_file.read_text())
             self.args.ignore_data_skip = True
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def create_optimizer(self, model=None):
+        """`Trainer.create_optimizer`; with `--optim_hidden muon`, `MuonWithAdamW` (Muon for the hidden matrices,
+        AdamW with `--adam_beta1/2`, `--adam_epsilon` for the rest)."""
+        if getattr(self.args, "optim_hidden", "adamw") != "muon" or self.optimizer is not None:
+            return super().create_optimizer(model)
+        model = model if model is not None else self.model
+        decay = set(self.get_decay_parameter_names(model))
+        self.optimizer = MuonWithAdamW(
+            model,
+            lr=self.args.learning_rate,
+            weight_decay=self.args.weight_decay,
+            no_decay={name for name, _ in model.named_parameters() if name not in decay},
+            betas=(self.args.adam_beta1, self.args.adam_beta2),
+            eps=self.args.adam_epsilon,
+        )
+        return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """`Trainer.create_scheduler`; warmup-stable-decay without `num_decay_steps` (training by epochs, whose

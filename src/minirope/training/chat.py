@@ -1,0 +1,88 @@
+"""Conversations: `{"messages": [...]}` rows checked, rendered with the tokenizer's chat template
+(`minirope.training.tokenizer.CHAT_TEMPLATE`), and labelled for a loss on the assistant turns only."""
+
+from datasets import Dataset, DatasetDict
+from transformers import PreTrainedTokenizerBase
+
+from minirope.training.documents import records
+from minirope.training.metrics import IGNORE_INDEX
+from minirope.training.tokenizer import ROLES
+
+
+def check_conversation(messages, where: str) -> list[dict]:
+    """`messages` as `[{"role", "content"}, ...]` with string roles and contents.
+
+    Raises:
+        ValueError: not a list of such dicts, an empty list, a role other than system/user/assistant, or no
+            assistant turn (nothing to train on), naming `where` (file and row).
+    """
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} turns.")
+    turns = []
+    for turn in messages:
+        if not (isinstance(turn, dict) and isinstance(turn.get("role"), str) and isinstance(turn.get("content"), str)):
+            raise ValueError(f"{where}: every turn needs string fields 'role' and 'content', got {turn!r:.80}.")
+        if turn["role"] not in ROLES:
+            raise ValueError(f"{where}: unknown role {turn['role']!r}: use {', '.join(ROLES)}.")
+        turns.append({"role": turn["role"], "content": turn["content"]})
+    if not any(turn["role"] == "assistant" for turn in turns):
+        raise ValueError(f"{where}: no assistant turn, so nothing to train on: add one or remove the row.")
+    return turns
+
+
+def load_conversations(train_files: list[str], validation_files: list[str]) -> DatasetDict:
+    """Records files (`.jsonl`, `.json`, `.parquet`) of `{"messages": [...]}` rows, checked, as a `DatasetDict`.
+
+    Raises:
+        FileNotFoundError, ValueError: a missing or unreadable file, or a bad row (`check_conversation`).
+    """
+    splits = {}
+    for split, paths in (("train", train_files), ("validation", validation_files)):
+        rows = [
+            {"messages": check_conversation(row.get("messages") if isinstance(row, dict) else None, where)}
+            for path in paths
+            for where, row in records(path)
+        ]
+        splits[split] = Dataset.from_list(rows)
+    return DatasetDict(splits)
+
+
+def conversation_features(messages: list[dict], tokenizer: PreTrainedTokenizerBase, block_size: int) -> dict:
+    """One conversation as `input_ids`, `attention_mask` and `labels` (-100 outside the assistant turns), cut to
+    `block_size` tokens: the chat template's rendering and its assistant mask."""
+    encoded = tokenizer.apply_chat_template(
+        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
+    input_ids = list(encoded["input_ids"])[:block_size]
+    mask = encoded["assistant_masks"][:block_size]
+    labels = [token if keep else IGNORE_INDEX for token, keep in zip(input_ids, mask, strict=True)]
+    return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels}
+
+
+def conversation_examples(
+    conversations: DatasetDict, tokenizer: PreTrainedTokenizerBase, block_size: int, limits: dict
+) -> tuple[Dataset, Dataset]:
+    """Training and validation examples of `conversations` (`conversation_features`); conversations left with
+    no assistant token within `block_size` are dropped; `limits` caps each split's rows (None: all).
+
+    Raises:
+        ValueError: no conversation of a split keeps an assistant token.
+    """
+    tokenized = conversations.map(
+        lambda row: conversation_features(row["messages"], tokenizer, block_size),
+        remove_columns=list(conversations["train"].column_names),
+        desc="Rendering conversations",
+    )
+    tokenized = tokenized.filter(lambda row: any(label != IGNORE_INDEX for label in row["labels"][1:]))
+    for split in ("train", "validation"):
+        if len(tokenized[split]) == 0:
+            raise ValueError(
+                f"no {split} conversation keeps an assistant token within --block_size {block_size}: "
+                f"shorten the conversations or raise --block_size."
+            )
+    return tuple(
+        tokenized[split].select(range(min(len(tokenized[split]), limits[split])))
+        if limits.get(split) is not None
+        else tokenized[split]
+        for split in ("train", "validation")
+    )
