@@ -47,8 +47,13 @@ def test_writes_a_complete_hugging_face_folder(tiny_run):
     assert config["use_cache"] is True  # the Trainer trains with use_cache=False; the published model decodes with one
     summary = json.loads((output_dir / "run_summary.json").read_text())
     assert summary["steps"] == 6
-    # bits per byte = nats / ln 2 / bytes; with ~2 bytes per token at this tiny vocabulary it is below nats/token
-    assert 0 < metrics["eval_bits_per_byte"] < metrics["eval_nats_per_token"]
+    # the compute budget: training seconds x the float32 matmul peak the run measured (issue 20)
+    budget = summary["train_seconds"] * summary["matmul_peak_tflops"] * 1e3
+    assert summary["budget_gflop_seconds"] == pytest.approx(budget, rel=0.01) and budget > 0
+    # bits per byte = nats per token x tokens / bytes / ln 2, bytes counted from the scored tokens' text
+    nats = metrics["eval_nats_per_token"] * metrics["eval_scored_tokens"]
+    assert metrics["eval_bits_per_byte"] == pytest.approx(nats / metrics["eval_scored_bytes"] / math.log(2))
+    assert metrics["eval_scored_tokens"] < metrics["eval_scored_bytes"] < 4 * metrics["eval_scored_tokens"]
     assert math.isclose(metrics["eval_perplexity"], math.exp(metrics["eval_nats_per_token"]))
     scored_tokens = 16 * 31  # every block of 32 tokens predicts 31
     assert metrics["eval_scored_tokens"] == scored_tokens

@@ -342,6 +342,9 @@ def report(trainer, data_args, start, throughput, train_metrics, eval_metrics, t
         f"nats/token, perplexity {summary['validation_perplexity']:.2f}, "
         f"{summary['validation_bits_per_byte']:.4f} bits/byte"
     ]
+    summary["train_seconds"] = round(train_metrics["train_runtime"], 1)
+    summary["matmul_peak_tflops"] = round(throughput.peak_flops / 1e12, 4)
+    summary["budget_gflop_seconds"] = round(train_metrics["train_runtime"] * throughput.peak_flops / 1e9)
     if speed:
         lines.append(
             f"training speed (per process, median step after warm-up): {speed['step_seconds']:.3f} s/step, "
@@ -350,6 +353,11 @@ def report(trainer, data_args, start, throughput, train_metrics, eval_metrics, t
             f"matmul peak measured in this run ({speed['matmul_peak_size']}-square products, the size where the "
             f"rate stopped rising; best of before and after training)"
         )
+    lines.append(
+        f"compute budget: {summary['train_seconds']:.0f} s of training x the {throughput.peak_flops / 1e9:.0f} GFLOP/s "
+        f"matmul peak = {summary['budget_gflop_seconds']:,} GFLOP-s (the figure that travels between machines: "
+        f"docs/recipe.md)"
+    )
     lines += [
         f"model written to {start.output_dir}/ (load it with AutoModelForCausalLM.from_pretrained)",
         *([f"sample:\n{text}"] if text else []),
