@@ -49,7 +49,7 @@ def test_writes_a_complete_hugging_face_folder(tiny_run):
     assert summary["steps"] == 6
     # the compute budget: training seconds x the float32 matmul peak the run measured (issue 20)
     budget = summary["train_seconds"] * summary["matmul_peak_tflops"] * 1e3
-    assert summary["budget_gflop_seconds"] == pytest.approx(budget, rel=0.01) and budget > 0
+    assert summary["budget_gflop_seconds"] == pytest.approx(budget, abs=1) and budget > 0
     # bits per byte = nats per token x tokens / bytes / ln 2, bytes counted from the scored tokens' text
     nats = metrics["eval_nats_per_token"] * metrics["eval_scored_tokens"]
     assert metrics["eval_bits_per_byte"] == pytest.approx(nats / metrics["eval_scored_bytes"] / math.log(2))

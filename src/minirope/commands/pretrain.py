@@ -344,7 +344,7 @@ def report(trainer, data_args, start, throughput, train_metrics, eval_metrics, t
     ]
     summary["train_seconds"] = round(train_metrics["train_runtime"], 1)
     summary["matmul_peak_tflops"] = round(throughput.peak_flops / 1e12, 4)
-    summary["budget_gflop_seconds"] = round(train_metrics["train_runtime"] * throughput.peak_flops / 1e9)
+    summary["budget_gflop_seconds"] = round(summary["train_seconds"] * summary["matmul_peak_tflops"] * 1e3)
     if speed:
         lines.append(
             f"training speed (per process, median step after warm-up): {speed['step_seconds']:.3f} s/step, "
