@@ -175,9 +175,10 @@ def test_trl_sft_trainer_trains_on_assistant_tokens_only(tiny_pretrained, tmp_pa
 
 @pytest.fixture(scope="module")
 def chat_model(tiny_pretrained, tmp_path_factory):
-    """Random weights (greedy output differs from prompt to prompt; logits of 0 for special tokens and single bytes,
-    so the greedy answer is whole characters, which every server decodes alike) behind the trained tokenizer and template, as a
-    minirope folder, its Llama export and its GGUF."""
+    """Random weights behind the trained tokenizer and template, as a minirope folder, its Llama export and its GGUF.
+
+    Greedy answers differ from prompt to prompt; the special and single-byte tokens get logit 0, so an answer is
+    whole characters, which every server decodes alike."""
     folder = tmp_path_factory.mktemp("chat_model")
     tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
     config = MiniRopeConfig(
