@@ -4,6 +4,7 @@
 from datasets import Dataset, DatasetDict
 from transformers import PreTrainedTokenizerBase
 
+from minirope.training.data import keep_labelled
 from minirope.training.documents import records
 from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.tokenizer import ROLES
@@ -73,16 +74,4 @@ def conversation_examples(
         remove_columns=list(conversations["train"].column_names),
         desc="Rendering conversations",
     )
-    tokenized = tokenized.filter(lambda row: any(label != IGNORE_INDEX for label in row["labels"][1:]))
-    for split in ("train", "validation"):
-        if len(tokenized[split]) == 0:
-            raise ValueError(
-                f"no {split} conversation keeps an assistant token within --block_size {block_size}: "
-                f"shorten the conversations or raise --block_size."
-            )
-    return tuple(
-        tokenized[split].select(range(min(len(tokenized[split]), limits[split])))
-        if limits.get(split) is not None
-        else tokenized[split]
-        for split in ("train", "validation")
-    )
+    return keep_labelled(tokenized, "conversation", block_size, limits)

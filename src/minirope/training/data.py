@@ -264,17 +264,29 @@ def prompt_completion_examples(
 
     raw = load_prompt_completion(train_files, validation_files)
     tokenized = raw.map(tokenize, remove_columns=["prompt", "completion"], desc="Tokenizing")
+    limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples}
+    return keep_labelled(tokenized, "prompt/completion row", data_args.block_size, limits)
+
+
+def keep_labelled(tokenized: DatasetDict, rows: str, block_size: int, limits: dict) -> tuple[Dataset, Dataset]:
+    """The `train` and `validation` rows of `tokenized` with a label to learn (not -100) after the first token,
+    each split cut to `limits[split]` rows (None: all).
+
+    Raises:
+        ValueError: a split keeps no row ("no train {rows} keeps a label within --block_size ...").
+    """
     tokenized = tokenized.filter(lambda row: any(label != IGNORE_INDEX for label in row["labels"][1:]))
     for split in ("train", "validation"):
         if len(tokenized[split]) == 0:
             raise ValueError(
-                f"no {split} row keeps a completion token within --block_size {data_args.block_size}: "
-                f"shorten the prompts or raise --block_size."
+                f"no {split} {rows} keeps a token to learn within --block_size {block_size}: shorten them or raise "
+                f"--block_size."
             )
-    limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples}
     return tuple(
-        tokenized[split].select(range(min(len(tokenized[split]), limit))) if limit is not None else tokenized[split]
-        for split, limit in limits.items()
+        tokenized[split].select(range(min(len(tokenized[split]), limits[split])))
+        if limits.get(split) is not None
+        else tokenized[split]
+        for split in ("train", "validation")
     )
 
 

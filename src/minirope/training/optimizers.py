@@ -139,15 +139,10 @@ class MuonWithAdamW(torch.optim.Optimizer):
     def _groups(self) -> list[dict]:
         return [group for optimizer in self.optimizers for group in optimizer.param_groups]
 
-    @torch.no_grad()
     def step(self, closure=None):
-        """One step of both optimizers; returns `closure()`'s loss, if given."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for optimizer in self.optimizers:
-            optimizer.step()
+        """One step of both optimizers (`closure`, if given, is evaluated once, by Muon); returns its loss."""
+        loss = self.optimizers[0].step(closure)
+        self.optimizers[1].step()
         return loss
 
     def state_dict(self) -> dict:
