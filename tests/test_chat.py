@@ -4,6 +4,7 @@ client. Servers bind to 127.0.0.1 and are stopped before each test ends."""
 
 import contextlib
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -104,6 +105,29 @@ def test_conversational_finetune_lowers_the_assistant_loss_and_saves_the_templat
     model = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True)
     ids = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     assert model.generate(**ids, max_new_tokens=4, do_sample=False).shape[1] > ids["input_ids"].shape[1]
+
+
+def test_a_dataset_with_a_messages_column_fine_tunes_as_conversations(tiny_pretrained, conversations, tmp_path):
+    dataset = tmp_path / "dataset"  # a local `datasets` folder: train.jsonl and validation.jsonl
+    dataset.mkdir()
+    for path, split in zip(conversations, ("train", "validation"), strict=True):
+        (dataset / f"{split}.jsonl").write_text(open(path).read())
+    result = finetune.run([
+        "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(tmp_path / "out"), "--dataset_name",
+        str(dataset), "--max_steps", "4", "--per_device_train_batch_size", "8", "--torch_compile", "False",
+    ])  # fmt: skip
+    files = conversation_run(tiny_pretrained, tmp_path / "files", conversations, "--max_steps", "4")
+    assert result["before"]["eval_nats_per_token"] == pytest.approx(files["before"]["eval_nats_per_token"])  # same rows
+    assert result["after"]["eval_nats_per_token"] < result["before"]["eval_nats_per_token"]
+
+
+def test_a_foreign_template_without_generation_markers_is_refused(tiny_pretrained, conversations, tmp_path):
+    folder = tmp_path / "foreign"
+    shutil.copytree(tiny_pretrained, folder)
+    (folder / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    with pytest.raises(ValueError, match="no {% generation %} markers"):
+        conversation_run(folder, tmp_path / "out", conversations)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.fixture(scope="module")

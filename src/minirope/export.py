@@ -16,7 +16,6 @@ nothing half-written; an existing output is replaced only with `--overwrite`.
   inside as `generate()` computes them (`cumsum(attention_mask) - 1`), so left-padded batches are right.
 """
 
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -125,9 +124,6 @@ def gguf_rope_scaling(config, writer, gguf) -> np.ndarray | None:
     return (1.0 / rope["rope_theta"] ** exponents / scaled).numpy().astype(np.float32)
 
 
-GENERATION_TAG = re.compile(r"\{%-?\s*(end)?generation\s*-?%\}")
-
-
 def gguf_vocabulary(tokenizer: PreTrainedTokenizerBase, vocab_size: int, gguf) -> tuple[list[str], list[int]]:
     """Token strings and types for ids `0 .. vocab_size-1`, as `convert_hf_to_gguf.py`'s `get_vocab_base`."""
     by_id = {index: token for token, index in tokenizer.get_vocab().items()}
@@ -210,6 +206,8 @@ def export_gguf(model_dir: str | Path, output: str | Path, outtype: str = "f32",
             "eos": probe[-1] == tokenizer.eos_token_id,
         }
         if tokenizer.chat_template:  # `{% generation %}` is transformers' own Jinja tag: llama.cpp's renderers lack it
+            from minirope.training.tokenizer import GENERATION_TAG
+
             special.chat_template = GENERATION_TAG.sub("", tokenizer.chat_template)
         special.add_to_gguf(writer, quiet=True)
 

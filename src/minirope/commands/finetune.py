@@ -8,7 +8,8 @@ Data, one of:
   --train_file a.jsonl --validation_file b.jsonl   {"prompt", "completion"} rows: loss on completion only
   --train_file a.jsonl --validation_file b.jsonl   {"messages": [{"role", "content"}, ...]} rows: rendered
                                                    with the chat template, loss on the assistant turns only
-  --dataset_name NAME [--dataset_config_name C]    a `datasets` text dataset
+  --dataset_name NAME [--dataset_config_name C]    a `datasets` dataset: text (--text_column), or a
+                                                   `messages` column of conversations
 
 Full fine-tuning by default; `--lora` trains a peft LoRA adapter instead (merged into the weights on save
 unless `--merge_lora False`, which saves the adapter alone). The validation loss is measured before and
@@ -26,7 +27,7 @@ from transformers import DataCollatorForSeq2Seq, default_data_collator
 from minirope.commands import run_cli
 from minirope.folders import ModelArguments, check_output, load_causal_lm
 from minirope.training.arguments import MiniRopeTrainingArguments, parse_cli_args, start_run
-from minirope.training.chat import conversation_examples, load_conversations
+from minirope.training.chat import conversation_examples, dataset_conversations, load_conversations
 from minirope.training.checkpoints import check_resume
 from minirope.training.data import (
     TextDataArguments,
@@ -94,9 +95,22 @@ class FinetuneDataArguments(TextDataArguments):
     play: str | None = field(default=None, metadata={"help": "A play of the bundled corpus, e.g. the-tempest."})
 
     def kind(self) -> str:
-        """What the data files hold: "text", "prompt_completion" or "messages" (`data_kind`); "text" without files."""
+        """What the data holds: "text", "prompt_completion" or "messages" (`data_kind` for files; a
+        `--dataset_name` dataset with a `messages` column and no `--text_column` is "messages")."""
         files = [*(self.train_file or []), *(self.validation_file or [])]
-        return data_kind(files, self.text_column) if files else "text"
+        if files:
+            return data_kind(files, self.text_column)
+        if self.dataset_name and not self.play:
+            columns = self.dataset().column_names
+            if "messages" in columns["train"] and self.text_column not in columns["train"]:
+                return "messages"
+        return "text"
+
+    def dataset(self):
+        """`--dataset_name` (with `--dataset_config_name`), loaded with `datasets.load_dataset`."""
+        from datasets import load_dataset
+
+        return load_dataset(self.dataset_name, self.dataset_config_name)
 
 
 def chat_tokens(data_args: FinetuneDataArguments, model, tokenizer) -> list[int]:
@@ -148,7 +162,10 @@ def datasets_and_collator(data_args: FinetuneDataArguments, tokenizer, seed: int
         )
         return train, validation, DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX)
     if kind == "messages":
-        conversations = load_conversations(data_args.train_file, data_args.validation_file)
+        if data_args.train_file:
+            conversations = load_conversations(data_args.train_file, data_args.validation_file)
+        else:
+            conversations = dataset_conversations(data_args.dataset(), data_args.dataset_name)
         limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples}
         train, validation = conversation_examples(conversations, tokenizer, data_args.block_size, limits)
         return train, validation, DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX)

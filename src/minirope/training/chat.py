@@ -39,13 +39,37 @@ def load_conversations(train_files: list[str], validation_files: list[str]) -> D
     """
     splits = {}
     for split, paths in (("train", train_files), ("validation", validation_files)):
-        rows = [
-            {"messages": check_conversation(row.get("messages") if isinstance(row, dict) else None, where)}
+        rows = (
+            (where, row.get("messages") if isinstance(row, dict) else None)
             for path in paths
             for where, row in records(path)
-        ]
-        splits[split] = Dataset.from_list(rows)
+        )
+        splits[split] = checked(rows)
     return DatasetDict(splits)
+
+
+def dataset_conversations(dataset: DatasetDict, name: str) -> DatasetDict:
+    """The `train` and `validation` splits of a `datasets` dataset with a `messages` column, checked row by row.
+
+    Raises:
+        ValueError: a split is missing, or a bad row (`check_conversation`, naming the dataset, split and row).
+    """
+    for split in ("train", "validation"):
+        if split not in dataset:
+            raise ValueError(f"--dataset_name {name} has no {split!r} split (splits: {list(dataset)}).")
+    return DatasetDict(
+        {
+            split: checked(
+                (f"{name} {split} row {i}", messages) for i, messages in enumerate(dataset[split]["messages"])
+            )
+            for split in ("train", "validation")
+        }
+    )
+
+
+def checked(rows) -> Dataset:
+    """A `messages` dataset of `(where, messages)` pairs, each checked by `check_conversation`."""
+    return Dataset.from_list([{"messages": check_conversation(messages, where)} for where, messages in rows])
 
 
 def conversation_features(messages: list[dict], tokenizer: PreTrainedTokenizerBase, block_size: int) -> dict:

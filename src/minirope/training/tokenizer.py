@@ -53,6 +53,8 @@ CHAT_TEMPLATE = (
 )
 
 
+# transformers' Jinja tags around the tokens an assistant-only loss trains on
+GENERATION_TAG = re.compile(r"\{%-?\s*(end)?generation\s*-?%\}")
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
 RESERVED_TOKENS = len(SPECIAL_TOKENS) + len(CHAT_TOKENS) + 256  # special tokens and bytes: the rest are merges
 # Where a text may be cut: a single space or a single newline between two other characters.
@@ -65,11 +67,24 @@ logger = logging.getLogger(__name__)
 
 
 def add_chat_template(tokenizer: PreTrainedTokenizerBase) -> int:
-    """Give `tokenizer` the chat template, adding the role markers that are not yet single special tokens.
+    """Give `tokenizer` the chat template, adding the role markers that are not yet single special tokens; a
+    tokenizer with its own template (another model family's) keeps it.
 
     Returns the number of tokens added: when it is not 0, the model's embeddings must grow to `len(tokenizer)`
     (`model.resize_token_embeddings`) before training, and the new rows start untrained.
+
+    Raises:
+        ValueError: the tokenizer's own template has no `{% generation %}` markers, so the assistant turns to
+            train on cannot be found.
     """
+    if tokenizer.chat_template and tokenizer.chat_template != CHAT_TEMPLATE:
+        if not GENERATION_TAG.search(tokenizer.chat_template):
+            raise ValueError(
+                "the tokenizer's own chat template has no {% generation %} markers, so the assistant turns cannot be "
+                "told apart: add them around each assistant message (transformers' chat templating guide), or "
+                "delete chat_template.jinja from the folder to fine-tune with minirope's template."
+            )
+        return 0
     missing = [token for token in CHAT_TOKENS if token not in tokenizer.get_vocab()]
     added = tokenizer.add_special_tokens({"additional_special_tokens": missing}) if missing else 0
     tokenizer.chat_template = CHAT_TEMPLATE
