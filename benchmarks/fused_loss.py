@@ -26,11 +26,11 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 import transformers
+from bench_speed import timed  # the benchmarks' one timing loop (this folder is on sys.path when run)
 
 RESULTS = Path(__file__).parent / "results"
 SHAPES = {
@@ -91,14 +91,9 @@ def worker(model_name: str, shape: str, vocab_size: int, device: str, dtype: str
         before = torch.cuda.memory_allocated()
     else:
         before = memory_kib()["VmRSS"] * 1024
-    step()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+    seconds = timed(step, reps)  # one warm-up step, then the median of `reps`
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else memory_kib()["VmHWM"] * 1024
-    return {"seconds": statistics.median(times), "peak_rise_mib": (peak - before) / 2**20}
+    return {"seconds": seconds, "peak_rise_mib": (peak - before) / 2**20}
 
 
 def median_result(results: list[dict]) -> dict:
