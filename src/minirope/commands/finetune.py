@@ -21,6 +21,7 @@ after training; the output folder is Hub-ready (model or adapter, tokenizer, mod
 """
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from transformers import DataCollatorForSeq2Seq, default_data_collator
 
@@ -94,6 +95,7 @@ class FinetuneDataArguments(TextDataArguments):
 
     play: str | None = field(default=None, metadata={"help": "A play of the bundled corpus, e.g. the-tempest."})
 
+    @cached_property
     def kind(self) -> str:
         """What the data holds: "text", "prompt_completion" or "messages" (`data_kind` for files; a
         `--dataset_name` dataset with a `messages` column and no `--text_column` is "messages")."""
@@ -101,11 +103,12 @@ class FinetuneDataArguments(TextDataArguments):
         if files:
             return data_kind(files, self.text_column)
         if self.dataset_name and not self.play:
-            columns = self.dataset().column_names
+            columns = self.dataset.column_names
             if "messages" in columns["train"] and self.text_column not in columns["train"]:
                 return "messages"
         return "text"
 
+    @cached_property
     def dataset(self):
         """`--dataset_name` (with `--dataset_config_name`), loaded with `datasets.load_dataset`."""
         from datasets import load_dataset
@@ -117,7 +120,7 @@ def chat_tokens(data_args: FinetuneDataArguments, model, tokenizer) -> list[int]
     """For conversations: the chat template on `tokenizer` (`add_chat_template`), and the ids of the role markers
     it had to add, for which the model's embeddings grow (`resize_token_embeddings`: new rows start at the mean of
     the others). [] for other data, or when the tokenizer already had them."""
-    if data_args.kind() != "messages":
+    if data_args.kind != "messages":
         return []
     before = len(tokenizer)
     if not add_chat_template(tokenizer):
@@ -155,7 +158,7 @@ def datasets_and_collator(data_args: FinetuneDataArguments, tokenizer, seed: int
     Raises:
         ValueError, OSError: no data or two sources, files of mixed kinds, or a bad file (naming it).
     """
-    kind = data_args.kind()
+    kind = data_args.kind
     if kind == "prompt_completion":
         train, validation = prompt_completion_examples(
             data_args.train_file, data_args.validation_file, tokenizer, data_args
@@ -165,7 +168,7 @@ def datasets_and_collator(data_args: FinetuneDataArguments, tokenizer, seed: int
         if data_args.train_file:
             conversations = load_conversations(data_args.train_file, data_args.validation_file)
         else:
-            conversations = dataset_conversations(data_args.dataset(), data_args.dataset_name)
+            conversations = dataset_conversations(data_args.dataset, data_args.dataset_name)
         limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples}
         train, validation = conversation_examples(conversations, tokenizer, data_args.block_size, limits)
         return train, validation, DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX)
