@@ -46,17 +46,19 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM, MiniRopeRotaryEmbedding
 from minirope.convert import to_llama
-from minirope.training.arguments import reuse_freed_memory
+from minirope.training.arguments import bf16_is_faster, reuse_freed_memory
+from minirope.training.throughput import matmul_peak_flops
 
 RESULTS = Path(__file__).parent / "results"
 SIZES = {
+    "0.8M": {},  # MiniRopeConfig()'s defaults: the model `minirope-pretrain` trains
     "1M": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, vocab_size=2048),
     "12M": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6, vocab_size=4096),
     "100M": dict(
         hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12, vocab_size=8192
     ),
 }
-TRAIN_BATCH = {"1M": (16, 256), "12M": (16, 256), "100M": (4, 256)}
+TRAIN_BATCH = {"0.8M": (8, 256), "1M": (16, 256), "12M": (16, 256), "100M": (4, 256)}
 DECODE_TOKENS = 64
 
 
@@ -139,6 +141,7 @@ CASES: dict[str, tuple[str, Callable]] = {
     for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))
 }
 CASES |= {
+    "greedy decode 0.8M fp32 batch 1, dynamic cache": ("tokens/s", partial(decode_case, batch=1)),
     "prefill 12M fp32 8x512": ("tokens/s", partial(prefill_case, batch=8, length=512)),
     "greedy decode 12M fp32 batch 1, dynamic cache": ("tokens/s", partial(decode_case, batch=1)),
     "greedy decode 12M fp32 batch 8, dynamic cache": ("tokens/s", partial(decode_case, batch=8)),
@@ -147,6 +150,15 @@ CASES |= {
         static_compiled_or_dynamic,
     ),
 }
+
+
+def cpu_description() -> str:
+    """The CPU's model name and its vector extensions that decide which kernels run (from /proc/cpuinfo)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    vector = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{model or platform.processor()} ({', '.join(vector) or 'no AVX2'})"
 
 
 def case_size(name: str) -> str:
@@ -327,11 +339,16 @@ def main() -> None:
     names = [name for name in CASES if case_size(name) in args.sizes]
     if args.skip_compile:
         names = [name for name in names if "compile" not in name]
+    if not bf16_is_faster(torch.device("cpu")):
+        print("bf16 rows skipped: this CPU emulates bf16 products (slower than float32; no AVX-512 BF16/AMX)")
+        names = [name for name in names if "bf16" not in name]
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = [compare(name, args.reps, not args.skip_memory) for name in names]
     report = {
         "date": date.today().isoformat(),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
+        "cpu": cpu_description(),
+        "float32_peak_gflops": round(matmul_peak_flops("cpu", torch.float32)[0] / 1e9, 1),
         "allocator": allocator,
         "versions": {
             "python": platform.python_version(),
@@ -344,6 +361,7 @@ def main() -> None:
     if not args.skip_scaling:
         report["scaling"] = scaling_curves(max(3, args.reps // 2))
     args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\n{report['cpu']}, float32 peak {report['float32_peak_gflops']} GFLOP/s, torch {torch.__version__}")
     print("\n| case | params | minirope | Llama | ratio | peak MiB minirope / Llama | memory ratio |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:

@@ -32,7 +32,9 @@ import torch  # noqa: E402
 RESULTS = Path(__file__).parent / "results" / "recipe.json"
 PLOT = Path(__file__).parent.parent / "docs" / "recipe_wall_time.png"
 CURVES_PLOT = Path(__file__).parent.parent / "docs" / "recipe_curves.png"
-# Runs named "curve-SERIES@MINUTES" are drawn as one line per series in CURVES_PLOT.
+BUDGET_PLOT = Path(__file__).parent.parent / "docs" / "recipe_budget.png"
+# Runs named "curve-SERIES@MINUTES" are drawn as one line per series in CURVES_PLOT (against training time),
+# runs named "budget-SERIES@GFLOPS" in BUDGET_PLOT (against the compute budget).
 CURVE_LABELS = {
     "wsd": "new recipe: warmup-stable-decay (last 25 %)",
     "cosine": "the previous schedule: cosine (same model, batch, lr)",
@@ -71,7 +73,7 @@ def plot(results: dict) -> None:
     """Bits per byte against training time, one point per run, labelled with its name."""
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
     for name, result in sorted(results.items()):
-        if name.startswith("curve-"):
+        if name.startswith(("curve-", "budget-")):
             continue
         x, y = training_minutes(result), result["bits_per_byte"]
         ax.plot(x, y, "o", color="tab:red" if name.startswith("old") else "tab:blue")
@@ -85,13 +87,13 @@ def plot(results: dict) -> None:
     plt.close(fig)
 
 
-def plot_curves(results: dict) -> None:
-    """Bits per byte against training time for each "curve-SERIES@MINUTES" series (one run per point)."""
+def plot_curves(results: dict, prefix: str, x_of, xlabel: str, title: str, path: Path) -> None:
+    """Bits per byte against `x_of(result)` for each "PREFIX-SERIES@BUDGET" series (one run per point)."""
     series: dict[str, list[tuple[float, float]]] = {}
     for name, result in results.items():
-        if name.startswith("curve-"):
-            label = name.removeprefix("curve-").partition("@")[0]
-            series.setdefault(label, []).append((training_minutes(result), result["bits_per_byte"]))
+        if name.startswith(prefix):
+            label = name.removeprefix(prefix).partition("@")[0]
+            series.setdefault(label, []).append((x_of(result), result["bits_per_byte"]))
     if not series:
         return
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
@@ -100,13 +102,13 @@ def plot_curves(results: dict) -> None:
         ax.plot(xs, ys, "o-", label=CURVE_LABELS.get(label, label))
         for x, y in zip(xs, ys, strict=True):
             ax.annotate(f"{y:.3f}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    ax.set_xlabel("training time (minutes: steps x median step time, 2-core CPU, float32)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("validation bits per byte (whole plays)")
-    ax.set_title("default model (hidden 64, batch 8, AdamW lr 3e-3): a separate run per budget")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(CURVES_PLOT)
+    fig.savefig(path)
     plt.close(fig)
 
 
@@ -133,7 +135,12 @@ def main() -> None:
     for name, result in sorted(results.items(), key=lambda item: item[1]["bits_per_byte"]):
         print(f"{name:24s} {result['bits_per_byte']:.4f} bits/byte in {training_minutes(result):.1f} min of training")
     plot(results)
-    plot_curves(results)
+    minutes = "training time (minutes: steps x median step time, 2-core CPU, float32)"
+    title = "default model (hidden 64, batch 8, AdamW lr 3e-3): a separate run per budget"
+    plot_curves(results, "curve-", training_minutes, minutes, title, CURVES_PLOT)
+    budget = "compute budget (GFLOP-s: steps x median step x the run's measured float32 peak)"
+    title = "the previous recipe against the new one: a separate run per budget"
+    plot_curves(results, "budget-", lambda result: result["budget_gflop_seconds"], budget, title, BUDGET_PLOT)
 
 
 if __name__ == "__main__":

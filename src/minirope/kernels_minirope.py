@@ -20,15 +20,30 @@ from torch import nn
 PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
 
 
+# Read once at import: a constant that compiled code can read too (Dynamo traces through `functools.cache`).
+AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
 @functools.cache
 def onednn_linear_enabled() -> bool:
-    """Whether float32 matrix products on x86 CPUs go to oneDNN (the kernel library behind torch's bf16 products
-    and Inductor's CPU linears) rather than to the BLAS behind `torch.mm`.
+    """Whether float32 matrix products on this CPU go to oneDNN (the kernel library behind torch's bf16 products
+    and Inductor's CPU linears) rather than to the BLAS behind `torch.mm`: on x86 CPUs with AVX-512.
 
-    On this project's AVX-512 benchmark machine oneDNN ran the narrow products of small models 1.6-2.3x faster
-    (benchmarks/bench_speed.py). Same products, summed in another order (float32 rounding differences only).
-    Decided once, at the first product: `MINIROPE_ONEDNN_LINEAR=0` turns it off.
+    Measured (benchmarks/bench_speed.py, docs/performance.md): on an AVX-512 AMD EPYC, oneDNN ran the narrow
+    products of small models 1.6-2.3x faster, forward and backward. On an AVX2-only AMD EPYC (Zen 3, torch 2.13,
+    2 threads) it lost almost everywhere: a fixed ~25 us more per call (a `(1, 64) @ (64, 192)` decode product
+    took 27.5 us against `torch.mm`'s 4.1 us), 0.84-0.93x `torch.mm`'s speed on 4,096-row training products,
+    and its transposed weight-gradient product 1.3-1.5x the time; so there, products stay on `torch.mm`.
+    Same products, summed in another order (float32 rounding differences only). Decided once, at the first
+    product: `MINIROPE_ONEDNN_LINEAR=0` turns it off everywhere.
     """
+    return onednn_available() and AVX512
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """Whether this torch can run float32 products on oneDNN here: an x86 CPU, torch built with mkldnn, and
+    `MINIROPE_ONEDNN_LINEAR` not set to 0."""
     return (
         os.environ.get("MINIROPE_ONEDNN_LINEAR", "1") != "0"
         and platform.machine().lower() in ("x86_64", "amd64")
@@ -47,18 +62,19 @@ def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     which its oneDNN lowering needs); otherwise Inductor chooses its own kernels.
     """
     if not (
-        x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+        onednn_linear_enabled()
+        and x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
     ):
         return False
     if torch.compiler.is_compiling():
-        frozen_inference = not torch.compiler.is_exporting() and not torch.is_grad_enabled()
-        return frozen_inference and inductor_freezes_weights() and onednn_linear_enabled()
+        return not torch.compiler.is_exporting() and not torch.is_grad_enabled() and inductor_freezes_weights()
     return (
         type(x) in PLAIN_TENSORS
         and type(weight) in PLAIN_TENSORS
         and not torch.jit.is_tracing()
         and not torch.onnx.is_in_onnx_export()
-        and onednn_linear_enabled()
     )
 
 
@@ -73,19 +89,8 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-@functools.cache
-def onednn_backward_enabled() -> bool:
-    """Whether `OneDnnLinear`'s backward products run on oneDNN too: on AVX-512 CPUs, where the whole path was
-    measured faster. On AVX2 (2-core AMD EPYC, 1,024 rows, widths 256 to 4,096) oneDNN's forward product ran
-    0.97-0.80x the time of `torch.mm`'s but its transposed weight-gradient product 1.3-1.5x (an extra copy of each
-    operand), so a training step took 0.91x Llama's speed with it and 1.01x with the backward on `torch.mm`.
-    """
-    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-
-
 class OneDnnLinear(torch.autograd.Function):
-    """`nn.functional.linear` with the forward product on oneDNN, and both backward products too on AVX-512
-    (`onednn_backward_enabled`).
+    """`nn.functional.linear` with the forward and both backward products on oneDNN.
 
     Under `create_graph=True` (a gradient of a gradient) the backward products use `nn.functional.linear`,
     which autograd can differentiate again; the oneDNN op has no derivative of its own.
@@ -100,8 +105,7 @@ class OneDnnLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        on_onednn = not torch.is_grad_enabled() and onednn_backward_enabled()
-        product = onednn_linear if on_onednn else nn.functional.linear
+        product = nn.functional.linear if torch.is_grad_enabled() else onednn_linear
         grad_2d, x_2d = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
         grad_x = product(grad, weight.T) if ctx.needs_input_grad[0] else None  # grad @ W
         grad_weight = product(grad_2d.T, x_2d.T) if ctx.needs_input_grad[1] else None  # grad^T @ x
