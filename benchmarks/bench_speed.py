@@ -51,14 +51,14 @@ from minirope.training.throughput import matmul_peak_flops
 
 RESULTS = Path(__file__).parent / "results"
 SIZES = {
-    "0.8M": {},  # MiniRopeConfig()'s defaults: the model `minirope-pretrain` trains
+    "default": {},  # MiniRopeConfig()'s defaults: the model `minirope-pretrain` trains
     "1M": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, vocab_size=2048),
     "12M": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6, vocab_size=4096),
     "100M": dict(
         hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12, vocab_size=8192
     ),
 }
-TRAIN_BATCH = {"0.8M": (8, 256), "1M": (16, 256), "12M": (16, 256), "100M": (4, 256)}
+TRAIN_BATCH = {"default": (8, 256), "1M": (16, 256), "12M": (16, 256), "100M": (4, 256)}
 DECODE_TOKENS = 64
 
 
@@ -141,7 +141,7 @@ CASES: dict[str, tuple[str, Callable]] = {
     for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))
 }
 CASES |= {
-    "greedy decode 0.8M fp32 batch 1, dynamic cache": ("tokens/s", partial(decode_case, batch=1)),
+    "greedy decode default fp32 batch 1, dynamic cache": ("tokens/s", partial(decode_case, batch=1)),
     "prefill 12M fp32 8x512": ("tokens/s", partial(prefill_case, batch=8, length=512)),
     "greedy decode 12M fp32 batch 1, dynamic cache": ("tokens/s", partial(decode_case, batch=1)),
     "greedy decode 12M fp32 batch 8, dynamic cache": ("tokens/s", partial(decode_case, batch=8)),

@@ -18,8 +18,9 @@ Generation: greedy `generate()` of `--new_tokens` tokens after a 16-token prompt
 default dynamic cache (eager forward) and with a static cache (which transformers' `generate` compiles on
 accelerators), attention `sdpa` and `eager`; tokens/s, minirope / Llama.
 
-Sizes: the default recipe's 0.84M model, ~30M (8 x 512), ~125M (12 x 768, vocabulary 32,000), and `tiny` for the
-CPU test. Writes `--output` (JSON: device, torch, CUDA and transformers versions, rows) and prints markdown tables.
+Sizes: the default recipe's 1.15M model (3 layers x 96), ~30M (8 x 512), ~125M (12 x 768, vocabulary 32,000), and
+`tiny` for the CPU test.
+Writes `--output` (JSON: device, torch, CUDA and transformers versions, rows) and prints markdown tables.
 """
 
 import argparse
@@ -39,7 +40,7 @@ from minirope.training.trainer import MiniRopeTrainer
 
 SIZES = {  # config, (batch, block)
     "tiny": (dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=256), (2, 32)),  # noqa: E501
-    "0.84M": (dict(hidden_size=64, intermediate_size=192, num_hidden_layers=6, num_attention_heads=2, vocab_size=4096), (32, 256)),  # noqa: E501
+    "1.15M": (dict(hidden_size=96, intermediate_size=288, num_hidden_layers=3, num_attention_heads=2, vocab_size=4096), (32, 256)),  # noqa: E501
     "30M": (dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8, vocab_size=8192), (16, 512)),  # noqa: E501
     "125M": (dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12, vocab_size=32000), (16, 1024)),  # noqa: E501
 }  # fmt: skip
@@ -173,7 +174,7 @@ def device_description() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", nargs="+", default=["0.84M", "30M", "125M"], choices=SIZES)
+    parser.add_argument("--sizes", nargs="+", default=["1.15M", "30M", "125M"], choices=SIZES)
     parser.add_argument("--attention", nargs="+", help="training attention (default: sdpa, and flash_attention_2 "
                         "and flex_attention where they run)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=20)

@@ -38,6 +38,8 @@ BUDGET_PLOT = Path(__file__).parent.parent / "docs" / "recipe_budget.png"
 CURVE_LABELS = {
     "wsd": "new recipe: warmup-stable-decay (last 25 %)",
     "cosine": "the previous schedule: cosine (same model, batch, lr)",
+    "old": "previous recipe: AdamW, 6 layers x 64 (0.84M)",
+    "new": "new recipe: Muon + AdamW, 3 layers x 96 (1.15M)",
 }
 
 

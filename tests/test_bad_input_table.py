@@ -138,6 +138,8 @@ CASES = [
     (PRETRAIN, [*P, "--seed", "-1"], "--seed must be >= 0"),
     (PRETRAIN, [*P, "--save_total_limit", "-3"], "--save_total_limit must be >= 1"),
     (PRETRAIN, [*P, "--attn_implementation", "fast"], "--attn_implementation 'fast' is not one of"),
+    (PRETRAIN, [*P, "--optim_hidden", "lion"], "--optim_hidden must be adamw or muon"),
+    (PRETRAIN, [*P, "--optim", "adafactor"], "--optim adafactor does not combine with --optim_hidden muon"),
     (PRETRAIN, [*P, "--lr_scheduler_type", "bogus"], "bogus"),
     (PRETRAIN, [*P, "--lr_decay_ratio", "2"], "--lr_decay_ratio must be in [0, 1]"),
     (PRETRAIN, [*P, *T], "Give both --train_file and --validation_file"),

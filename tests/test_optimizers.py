@@ -79,5 +79,8 @@ def test_a_muon_run_resumed_from_a_checkpoint_equals_one_never_stopped(tmp_path)
     shutil.copytree(tmp_path / "whole" / "checkpoint-3", tmp_path / "resumed" / "checkpoint-3")
     got = pretrain.run([*run, "--output_dir", str(tmp_path / "resumed"), "--resume_from_checkpoint", "last"])
     assert got["eval_nats_per_token"] == want["eval_nats_per_token"]
-    adamw = pretrain.run([*TINY_RUN, *ON_CPU, "--max_steps", "6", "--output_dir", str(tmp_path / "adamw")])
+    adamw_run = [*TINY_RUN, *ON_CPU, "--optim_hidden", "adamw", "--max_steps", "6"]
+    adamw = pretrain.run([*adamw_run, "--output_dir", str(tmp_path / "adamw")])
     assert adamw["eval_nats_per_token"] != want["eval_nats_per_token"]  # Muon did train the hidden matrices
+    assert "Muon for the hidden matrices and AdamW for the rest" in (tmp_path / "whole" / "README.md").read_text()
+    assert "Muon" not in (tmp_path / "adamw" / "README.md").read_text()

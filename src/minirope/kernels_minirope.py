@@ -10,7 +10,6 @@ exporting, autocast, other devices and dtypes (`use_onednn`).
 Imports only torch, so that it can be shipped as remote code.
 """
 
-import functools
 import os
 import platform
 
@@ -20,11 +19,15 @@ from torch import nn
 PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
 
 
-# Read once at import: a constant that compiled code can read too (Dynamo traces through `functools.cache`).
+# Decided once, at import, as constants that compiled code reads like any global (no call Dynamo must trace).
+ONEDNN_AVAILABLE = (
+    os.environ.get("MINIROPE_ONEDNN_LINEAR", "1") != "0"
+    and platform.machine().lower() in ("x86_64", "amd64")
+    and torch.backends.mkldnn.is_available()
+)
 AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
-@functools.cache
 def onednn_linear_enabled() -> bool:
     """Whether float32 matrix products on this CPU go to oneDNN (the kernel library behind torch's bf16 products
     and Inductor's CPU linears) rather than to the BLAS behind `torch.mm`: on x86 CPUs with AVX-512.
@@ -34,21 +37,15 @@ def onednn_linear_enabled() -> bool:
     2 threads) it lost almost everywhere: a fixed ~25 us more per call (a `(1, 64) @ (64, 192)` decode product
     took 27.5 us against `torch.mm`'s 4.1 us), 0.84-0.93x `torch.mm`'s speed on 4,096-row training products,
     and its transposed weight-gradient product 1.3-1.5x the time; so there, products stay on `torch.mm`.
-    Same products, summed in another order (float32 rounding differences only). Decided once, at the first
-    product: `MINIROPE_ONEDNN_LINEAR=0` turns it off everywhere.
+    Same products, summed in another order (float32 rounding differences only).
     """
-    return onednn_available() and AVX512
+    return ONEDNN_AVAILABLE and AVX512
 
 
-@functools.cache
 def onednn_available() -> bool:
     """Whether this torch can run float32 products on oneDNN here: an x86 CPU, torch built with mkldnn, and
-    `MINIROPE_ONEDNN_LINEAR` not set to 0."""
-    return (
-        os.environ.get("MINIROPE_ONEDNN_LINEAR", "1") != "0"
-        and platform.machine().lower() in ("x86_64", "amd64")
-        and torch._C._has_mkldnn  # torch.backends.mkldnn.is_available(), readable inside compiled code
-    )
+    `MINIROPE_ONEDNN_LINEAR` not set to 0 (read at import: it turns oneDNN off everywhere)."""
+    return ONEDNN_AVAILABLE
 
 
 def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -129,6 +126,8 @@ class MiniRopeLinear(nn.Linear):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not onednn_linear_enabled():  # exactly nn.Linear's forward, with no per-call check
+            return nn.functional.linear(x, self.weight, self.bias)
         return matmul_nt(x, self.weight, self.bias)
 
 

@@ -41,6 +41,13 @@ def bf16_is_faster(device: torch.device, size: int = 512) -> bool:
     return seconds[torch.bfloat16] < seconds[torch.float32]
 
 
+OPTIM_HIDDEN_HELP = (
+    "Optimizer of the decoder's hidden matrices: adamw (--optim, like every other parameter) or muon (Muon, with "
+    "AdamW for the embeddings, LM head and norms; same --learning_rate, --weight_decay and schedule: "
+    "minirope.training.optimizers)."
+)
+
+
 @dataclass
 class MiniRopeTrainingArguments(TrainingArguments):
     """`TrainingArguments` with the defaults the minirope commands share, `--overwrite_output_dir` and
@@ -66,14 +73,7 @@ class MiniRopeTrainingArguments(TrainingArguments):
     use_cpu: bool | None = field(
         default=None, metadata={"help": "Train on the CPU. Default: only where there is no GPU or accelerator."}
     )
-    optim_hidden: str = field(
-        default="adamw",
-        metadata={
-            "help": "Optimizer of the decoder's hidden matrices: adamw (--optim, like every other parameter) or "
-            "muon (Muon, with AdamW for the embeddings, LM head and norms; same --learning_rate, --weight_decay "
-            "and schedule: minirope.training.optimizers)."
-        },
-    )
+    optim_hidden: str = field(default="adamw", metadata={"help": OPTIM_HIDDEN_HELP})
     per_device_eval_batch_size: int = 32
     lr_scheduler_type: str = "cosine"
     seed: int = 42
@@ -128,6 +128,12 @@ class MiniRopeTrainingArguments(TrainingArguments):
             raise ValueError(f"--seed must be below 2**32, got {self.seed}.")
         if self.optim_hidden not in ("adamw", "muon"):
             raise ValueError(f"--optim_hidden must be adamw or muon, got {self.optim_hidden!r}.")
+        optim = getattr(self.optim, "value", self.optim)
+        if self.optim_hidden == "muon" and optim not in ("adamw_torch", "adamw_torch_fused"):
+            raise ValueError(
+                f"--optim {optim} does not combine with --optim_hidden muon (Muon trains the hidden matrices, "
+                f"torch's AdamW the rest): add --optim_hidden adamw to train every parameter with {optim}."
+            )
         known = ("eager", *ALL_ATTENTION_FUNCTIONS.valid_keys())
         if self.attn_implementation is not None and self.attn_implementation not in known:
             raise ValueError(f"--attn_implementation {self.attn_implementation!r} is not one of {', '.join(known)}.")

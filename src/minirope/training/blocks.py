@@ -123,7 +123,7 @@ def insert_repeats(block: np.ndarray, index: int, fraction: float, max_length: i
     further on, over the text there, so predicting the repeat only needs a look back.
 
     Long-context fine-tuning data mixes add such documents (passkey and retrieval data) so that looking far
-    back pays. Measured on the default 0.84M model, shares up to 100 % taught it no copying within the
+    back pays. Measured on the previous default model (0.84M), shares up to 100 % taught it no copying within the
     budgets tried (docs/long_context.md); larger models are where it is meant to help. Per chosen block of
     length B: a passage length L uniform in `[max_length // 4, max_length]`, a gap D uniform in `[0, B - 2L]`
     (so long look-backs are as common as short ones), a start s uniform in `[0, B - 2L - D]`; tokens

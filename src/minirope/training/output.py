@@ -153,11 +153,14 @@ plain Llama checkpoint.
 
 
 def optimizer_description(args: TrainingArguments) -> str:
-    """How the weights were updated, for model cards: `AdamW lr 0.003 (cosine, 40 warm-up steps), weight decay 0.1`."""
+    """How the weights were updated, for model cards: `AdamW lr 0.003 (cosine, 40 warm-up steps), weight decay 0.1`,
+    or `Muon for the hidden matrices and AdamW for the rest, lr ...` with `--optim_hidden muon`."""
     scheduler = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
     schedule = f"{scheduler} {args.lr_scheduler_kwargs}" if args.lr_scheduler_kwargs else scheduler
+    muon = getattr(args, "optim_hidden", "adamw") == "muon"
+    optimizer = "Muon for the hidden matrices and AdamW for the rest," if muon else "AdamW"
     return (
-        f"AdamW lr {args.learning_rate} ({schedule}, {args.warmup_steps:g} warm-up steps), weight decay "
+        f"{optimizer} lr {args.learning_rate} ({schedule}, {args.warmup_steps:g} warm-up steps), weight decay "
         f"{args.weight_decay}"
     )
 
