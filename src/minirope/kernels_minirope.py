@@ -1,4 +1,4 @@
-"""CPU fast paths of the minirope model: float32 products on oneDNN and the chunked linear cross-entropy.
+"""CPU fast paths of the minirope model: float32 products on oneDNN (AVX-512 CPUs) and the chunked linear cross-entropy.
 
 Kept apart from `modeling_minirope.py` (which reads like the paper) and shipped beside it as remote code:
 `save_pretrained` copies this file with the model file, so a folder loaded with `trust_remote_code=True`
@@ -120,7 +120,8 @@ def matmul_nt(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
 
 
 class MiniRopeLinear(nn.Linear):
-    """`nn.Linear` (same parameters, init and state-dict keys) whose float32 CPU products run on oneDNN.
+    """`nn.Linear` (same parameters, init and state-dict keys) whose float32 CPU products run on oneDNN where that
+    was measured faster (`onednn_linear_enabled`: AVX-512 CPUs); elsewhere exactly `nn.Linear`.
 
     A subclass, so PEFT, quantization and `isinstance(module, nn.Linear)` checks treat it as a Linear.
     """
