@@ -1,4 +1,4 @@
-"""The GPU benchmark and the fused-loss benchmark run end to end (on CPU, tiny shapes) and write what they print."""
+"""The GPU, fused-loss and CPU speed benchmarks run end to end (on CPU, small shapes) and write what they print."""
 
 import json
 import subprocess
@@ -33,3 +33,17 @@ def test_fused_loss_benchmark_compares_with_llama(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     (row,) = json.loads((tmp_path / "loss.json").read_text())["rows"]
     assert row["vocab"] == 512 and row["minirope"]["seconds"] > 0 and row["llama"]["peak_rise_mib"] >= 0
+
+
+def test_speed_benchmark_compares_the_default_model_with_llama(tmp_path):
+    output = tmp_path / "speed.json"
+    command = [sys.executable, str(BENCHMARKS / "bench_speed.py"), "--sizes", "default", "--reps", "1",
+               "--skip_compile", "--skip_memory", "--skip_scaling", "--out", str(output)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(output.read_text())
+    assert record["float32_peak_gflops"] > 0 and record["cpu"]
+    cases = {row["case"]: row for row in record["cases"]}
+    assert {"train default fp32 8x256", "greedy decode default fp32 batch 1, dynamic cache"} <= set(cases)
+    assert all(row["minirope"] > 0 and row["llama"] > 0 and row["ratio"] > 0 for row in cases.values())
+    assert "| train default fp32 8x256 | 1.1M |" in result.stdout
