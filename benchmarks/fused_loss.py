@@ -22,7 +22,6 @@ model and flags, or the GPU) and the torch and transformers versions.
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from bench_speed import timed  # the benchmarks' one timing loop (this folder is on sys.path when run)
+from bench_speed import cpu_description, timed  # the benchmarks' own helpers (this folder is on sys.path when run)
 
 RESULTS = Path(__file__).parent / "results"
 SHAPES = {
@@ -104,11 +103,7 @@ def median_result(results: list[dict]) -> dict:
 def machine(device: str) -> str:
     if device == "cuda":
         return f"{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}"
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    simd = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-    return f"{model or platform.processor()} ({simd}), {torch.get_num_threads()} threads"
+    return f"{cpu_description()}, {torch.get_num_threads()} threads"
 
 
 def main() -> None:

@@ -21,12 +21,13 @@ interval; the host's noise between runs of the same work is larger than the diff
 
 import argparse
 import json
-import platform
 import random
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bench_speed import cpu_description  # the benchmarks' CPU description (this folder is on sys.path when run)
 
 from minirope.training.data import VALIDATION_PLAYS, shakespeare_plays
 from minirope.training.tokenizer import train_tokenizer
@@ -94,17 +95,6 @@ def run(name: str, flags: list[str]) -> dict:
     return row
 
 
-def cpu() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        model = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-        flags = next(line.split(":", 1)[1].split() for line in lines if line.startswith("flags"))
-        simd = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-        return f"{model}, {simd}"
-    except (OSError, StopIteration):
-        return platform.processor()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", default="/tmp/minirope-streaming", help="Where the corpora and tokenizer go.")
@@ -140,8 +130,8 @@ def main() -> None:
     previous = json.loads(out.read_text())["rows"] if out.is_file() else []
     names = {row["run"] for row in rows}
     rows = [row for row in previous if row["run"] not in names] + rows  # a section re-run replaces its rows
-    out.write_text(json.dumps({"cpu": cpu(), "rows": rows}, indent=1) + "\n")
-    print(f"\n{cpu()}\n")
+    out.write_text(json.dumps({"cpu": cpu_description(), "rows": rows}, indent=1) + "\n")
+    print(f"\n{cpu_description()}\n")
     print("| run | peak RSS (MB) | run start -> first step end (s) | median step (s) | median step-end interval (s) |")
     print("|---|---|---|---|---|")
     for row in rows:
