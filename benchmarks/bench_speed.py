@@ -13,7 +13,9 @@ Cases: a training step (forward + backward + AdamW; minirope with `skip_logits=T
 calls it) in fp32 and in bf16 autocast at ~1M, 12M and 100M parameters; prefill; greedy decode at batch
 1 and 8 with the default dynamic cache; minirope with a static cache and a compiled forward
 (`torch.compile` with Inductor's `freezing`, its CPU inference mode) against Llama's dynamic-cache decode;
-a RoPE microbenchmark (cos/sin cache gather vs recomputing cos/sin from positions) at 128..8192 tokens.
+a RoPE microbenchmark (cos/sin cache gather vs recomputing cos/sin from positions) at 128..8192 tokens;
+one float32 product on torch.mm and on oneDNN at decode and training shapes (the measurement behind
+`onednn_linear_enabled`: oneDNN on AVX-512 CPUs only).
 Scaling curves (PNG): training step time vs sequence length at a fixed 4096 tokens per step, and greedy
 decode time per token vs context length.
 
@@ -46,6 +48,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM, MiniRopeRotaryEmbedding
 from minirope.convert import to_llama
+from minirope.kernels_minirope import onednn_available, onednn_linear, onednn_linear_enabled
 from minirope.training.arguments import bf16_is_faster, reuse_freed_memory
 from minirope.training.throughput import matmul_peak_flops
 
@@ -247,6 +250,26 @@ def rope_microbenchmark(reps: int) -> list[dict]:
     return rows
 
 
+# (rows, in, out): decode products of the default and 12M models, and their training products
+LINEAR_SHAPES = [(1, 96, 288), (1, 384, 384), (1, 384, 1024), (2048, 96, 288), (4096, 384, 1024), (4096, 1024, 384)]
+
+
+def linear_microbenchmark() -> list[dict]:
+    """One float32 product `x @ W.T` on `torch.mm`'s BLAS and on oneDNN (the op `MiniRopeLinear` uses where
+    `onednn_linear_enabled`): median microseconds of 30, at the shapes of `LINEAR_SHAPES`. [] without oneDNN."""
+    if not onednn_available():
+        return []
+    rows = []
+    for m, k, n in LINEAR_SHAPES:
+        x, weight = torch.randn(m, k), torch.randn(n, k)
+        mm = timed(lambda: torch.nn.functional.linear(x, weight), 30) * 1e6  # noqa: B023 (timed runs it now)
+        onednn = timed(lambda: onednn_linear(x, weight), 30) * 1e6  # noqa: B023
+        rows.append({"shape": [m, k, n], "mm_us": mm, "onednn_us": onednn, "onednn_speedup": mm / onednn})
+        print(f"linear {m}x{k}x{n}: torch.mm {mm:9.1f} us  oneDNN {onednn:9.1f} us  oneDNN speed-up {mm / onednn:.2f}x "
+              f"(used here: {onednn_linear_enabled()})", flush=True)  # fmt: skip
+    return rows
+
+
 def timed(run: Callable[[], object], reps: int) -> float:
     run()
     samples = []
@@ -357,6 +380,7 @@ def main() -> None:
         },  # fmt: skip
         "cases": rows,
         "rope": rope_microbenchmark(args.reps),
+        "linear": linear_microbenchmark(),
     }
     if not args.skip_scaling:
         report["scaling"] = scaling_curves(max(3, args.reps // 2))

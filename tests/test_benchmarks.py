@@ -47,3 +47,4 @@ def test_speed_benchmark_compares_the_default_model_with_llama(tmp_path):
     assert {"train default fp32 8x256", "greedy decode default fp32 batch 1, dynamic cache"} <= set(cases)
     assert all(row["minirope"] > 0 and row["llama"] > 0 and row["ratio"] > 0 for row in cases.values())
     assert "| train default fp32 8x256 | 1.1M |" in result.stdout
+    assert all(row["mm_us"] > 0 and row["onednn_us"] > 0 for row in record["linear"])

@@ -35,8 +35,9 @@ def onednn_linear_enabled() -> bool:
     Measured (benchmarks/bench_speed.py, docs/performance.md): on an AVX-512 AMD EPYC, oneDNN ran the narrow
     products of small models 1.6-2.3x faster, forward and backward. On an AVX2-only AMD EPYC (Zen 3, torch 2.13,
     2 threads) it lost almost everywhere: a fixed ~25 us more per call (a `(1, 64) @ (64, 192)` decode product
-    took 27.5 us against `torch.mm`'s 4.1 us), 0.84-0.93x `torch.mm`'s speed on 4,096-row training products,
-    and its transposed weight-gradient product 1.3-1.5x the time; so there, products stay on `torch.mm`.
+    took 27.5 us against `torch.mm`'s 4.1 us), 0.84-1.08x `torch.mm`'s speed on 4,096-row training products
+    (two runs), and its transposed weight-gradient product 1.3-1.5x the time; so there, products stay on
+    `torch.mm` (`bench_speed.py` prints both at decode and training shapes).
     Same products, summed in another order (float32 rounding differences only).
     """
     return ONEDNN_AVAILABLE and AVX512
