@@ -4,7 +4,10 @@ Every run is a real `minirope-pretrain` process (the same command `make demo` ru
 tokenization, scored on the four validation plays exactly as the run reports it (`eval_bits_per_byte`).
 A run is `NAME:FLAGS`, the flags added to the default recipe (`--max_steps` sets its length); the wall
 time it took (training alone, and the whole process) is recorded next to its score, so levers are
-compared at equal wall time on the machine that ran them.
+compared at equal wall time on the machine that ran them, and its compute budget as the run prints it
+(`budget_gflop_seconds`: training seconds, evaluation and checkpoints left out, x the measured float32 peak).
+Rows recorded before that figure existed in this form (those without `train_runtime`) hold steps x median
+step x peak instead, which leaves out slow steps as well.
 
     python benchmarks/recipe.py "bs8:--per_device_train_batch_size 8 --max_steps 390"   # minutes each
     python benchmarks/recipe.py --plot                      # redraw the plot from the results file
@@ -58,11 +61,12 @@ def run(name: str, flags: list[str], keep: Path | None) -> dict:
         "steps": summary["steps"],
         "train_tokens": summary["train_tokens"],
         "num_parameters": summary["num_parameters"],
-        "train_seconds": round(train["train_runtime"], 1),
+        "train_seconds": summary["train_seconds"],
+        "train_runtime": round(train["train_runtime"], 1),
         "process_seconds": round(time.perf_counter() - started, 1),
         "step_seconds": summary.get("step_seconds"),
         "matmul_peak_gflops": round(summary["matmul_peak_tflops"] * 1e3, 1),
-        "budget_gflop_seconds": round(summary["steps"] * summary["step_seconds"] * summary["matmul_peak_tflops"] * 1e3),
+        "budget_gflop_seconds": summary["budget_gflop_seconds"],
     }
 
 

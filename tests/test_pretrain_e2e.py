@@ -50,6 +50,10 @@ def test_writes_a_complete_hugging_face_folder(tiny_run):
     # the compute budget: training seconds x the float32 matmul peak the run measured (issue 20)
     budget = summary["train_seconds"] * summary["matmul_peak_tflops"] * 1e3
     assert summary["budget_gflop_seconds"] == pytest.approx(budget, abs=1) and budget > 0
+    # ... whose seconds leave out what the Trainer's runtime holds besides training: the peak measurements,
+    # evaluations and checkpoints
+    runtime = json.loads((output_dir / "train_results.json").read_text())["train_runtime"]
+    assert 0 < summary["train_seconds"] < runtime
     # bits per byte = nats per token x tokens / bytes / ln 2, bytes counted from the scored tokens' text
     nats = metrics["eval_nats_per_token"] * metrics["eval_scored_tokens"]
     assert metrics["eval_bits_per_byte"] == pytest.approx(nats / metrics["eval_scored_bytes"] / math.log(2))

@@ -47,6 +47,27 @@ def test_first_step_and_step_interval_times(monkeypatch):
     assert metrics["step_interval_seconds"] == 1.25  # step ends 12.0, 13.0, 14.5
 
 
+def test_training_seconds_leave_out_evaluations_and_checkpoints(monkeypatch):
+    """The compute budget's seconds: the steps and the time between them, not an evaluation or a checkpoint
+    written between two steps (nor anything before the first step or after the last)."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    # step 1: 10-12; evaluation ends at 20, checkpoint at 25; step 2: 25.5-27; step 3: 27.5-28
+    clock = iter([10.0, 12.0, 20.0, 25.0, 25.5, 27.0, 27.5, 28.0, 99.0])
+    monkeypatch.setattr("minirope.training.throughput.time.perf_counter", lambda: next(clock))
+    callback = ThroughputCallback(tokens_per_step=1000, flops_per_token=2e6, warmup_steps=0)
+    args, state, control = TrainingArguments("unused"), TrainerState(), TrainerControl()
+    callback.on_step_begin(args, state, control)
+    callback.on_step_end(args, state, control)
+    callback.on_evaluate(args, state, control)
+    callback.on_save(args, state, control)
+    for _ in range(2):
+        callback.on_step_begin(args, state, control)
+        callback.on_step_end(args, state, control)
+    callback.on_evaluate(args, state, control)  # the final evaluation, after training: nothing to add
+    assert callback.training_seconds == 2.0 + 0.5 + 1.5 + 0.5 + 0.5
+
+
 def test_matmul_peak_is_a_plausible_rate():
     flops, size = matmul_peak_flops(sizes=(128, 256), repeats=2)
     assert 1e8 < flops < 1e15  # between 0.1 GFLOP/s and 1 PFLOP/s
@@ -99,6 +120,9 @@ def test_float32_peak_is_measured_in_float32():
 def test_warmup_stable_decay_decays_over_the_last_quarter_by_default():
     from minirope.commands import pretrain
 
-    assert pretrain.parse_args(["--max_steps", "100"])[2].lr_scheduler_kwargs == {"num_decay_steps": 25}
+    default = {"num_decay_steps": 25, "decay_type": "1-sqrt"}
+    assert pretrain.parse_args(["--max_steps", "100"])[2].lr_scheduler_kwargs == default
     args = pretrain.parse_args(["--max_steps", "100", "--lr_scheduler_kwargs", '{"num_decay_steps": 7}'])[2]
-    assert args.lr_scheduler_kwargs == {"num_decay_steps": 7}
+    assert args.lr_scheduler_kwargs == {"num_decay_steps": 7, "decay_type": "1-sqrt"}
+    args = pretrain.parse_args(["--max_steps", "100", "--lr_decay_type", "linear"])[2]
+    assert args.lr_scheduler_kwargs == {"num_decay_steps": 25, "decay_type": "linear"}

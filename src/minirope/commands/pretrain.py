@@ -135,7 +135,15 @@ class PretrainingArguments(MiniRopeTrainingArguments):
         default=0.25,
         metadata={
             "help": "With --lr_scheduler_type warmup_stable_decay: the share of --max_steps spent decaying the "
-            "learning rate to 0 (cosine), unless --lr_scheduler_kwargs sets num_decay_steps."
+            "learning rate to 0, unless --lr_scheduler_kwargs sets num_decay_steps."
+        },
+    )
+    lr_decay_type: str = field(
+        default="1-sqrt",
+        metadata={
+            "help": "With --lr_scheduler_type warmup_stable_decay: the shape of the decay, 1-sqrt (Hägele et al. "
+            "2024; measured best in docs/recipe.md), linear or cosine, unless --lr_scheduler_kwargs sets decay_type.",
+            "choices": ["1-sqrt", "linear", "cosine"],
         },
     )
     weight_decay: float = 0.1
@@ -164,7 +172,8 @@ class PretrainingArguments(MiniRopeTrainingArguments):
             raise ValueError(f"--lr_decay_ratio must be in [0, 1], got {self.lr_decay_ratio}: e.g. 0.25.")
         if self.lr_scheduler_type == SchedulerType.WARMUP_STABLE_DECAY and self.max_steps > 0:
             decay_steps = round(self.lr_decay_ratio * self.max_steps)
-            self.lr_scheduler_kwargs = {"num_decay_steps": decay_steps, **(self.lr_scheduler_kwargs or {})}
+            schedule = {"num_decay_steps": decay_steps, "decay_type": self.lr_decay_type}
+            self.lr_scheduler_kwargs = {**schedule, **(self.lr_scheduler_kwargs or {})}
 
 
 def parse_args(argv: list[str] | None = None) -> tuple:
@@ -346,7 +355,7 @@ def report(trainer, data_args, start, throughput, train_metrics, eval_metrics, t
         f"nats/token, perplexity {summary['validation_perplexity']:.2f}, "
         f"{summary['validation_bits_per_byte']:.4f} bits/byte"
     ]
-    summary["train_seconds"] = round(train_metrics["train_runtime"], 1)
+    summary["train_seconds"] = round(throughput.training_seconds, 1)  # evaluations and checkpoints left out
     summary["matmul_peak_tflops"] = round(throughput.peak_flops / 1e12, 4)
     summary["budget_gflop_seconds"] = round(summary["train_seconds"] * summary["matmul_peak_tflops"] * 1e3)
     if speed:
@@ -358,9 +367,9 @@ def report(trainer, data_args, start, throughput, train_metrics, eval_metrics, t
             f"rate stopped rising; best of before and after training)"
         )
     lines.append(
-        f"compute budget: {summary['train_seconds']:.0f} s of training x the {throughput.peak_flops / 1e9:.0f} GFLOP/s "
-        f"matmul peak = {summary['budget_gflop_seconds']:,} GFLOP-s (the figure that travels between machines: "
-        f"docs/recipe.md)"
+        f"compute budget: {summary['train_seconds']:.0f} s of training (evaluation and checkpoints left out) x the "
+        f"{throughput.peak_flops / 1e9:.0f} GFLOP/s matmul peak = {summary['budget_gflop_seconds']:,} GFLOP-s "
+        f"(the figure that travels between machines: docs/recipe.md)"
     )
     lines += [
         f"model written to {start.output_dir}/ (load it with AutoModelForCausalLM.from_pretrained)",

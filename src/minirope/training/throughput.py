@@ -86,7 +86,10 @@ class ThroughputCallback(TrainerCallback):
 
     It also keeps the wall time between consecutive step ends (`step_interval_seconds`, median after
     warm-up), which includes what happens between steps: fetching the next batch from the data loader
-    (reading and tokenizing, for a stream) and logging.
+    (reading and tokenizing, for a stream) and logging; and `training_seconds`, the wall time of training
+    itself: every step (slow ones and compilation included) and the time between steps, but not the
+    evaluations and checkpoints the Trainer runs between steps, nor the peak measurements (the compute
+    budget of docs/recipe.md is `training_seconds` x the peak).
     """
 
     def __init__(
@@ -102,7 +105,9 @@ class ThroughputCallback(TrainerCallback):
         self.peak_size = 0
         self.peak_dtype = torch.bfloat16
         self.step_seconds: list[float] = []
+        self.training_seconds = 0.0
         self._started = 0.0
+        self._between_steps_since: float | None = None  # the last step's end, or the end of an evaluation/save
 
     def measure_peak(self, args) -> None:
         self.peak_dtype = torch.bfloat16 if args.bf16 else torch.float32
@@ -118,13 +123,28 @@ class ThroughputCallback(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._started = time.perf_counter()
+        if self._between_steps_since is not None:
+            self.training_seconds += self._started - self._between_steps_since
 
     def on_step_end(self, args, state, control, **kwargs):
         now = time.perf_counter()
         self.step_seconds.append(now - self._started)
+        self.training_seconds += now - self._started
+        self._between_steps_since = now
         self.step_ends.append(now)
         if self.first_step_seconds is None and self.run_started is not None:
             self.first_step_seconds = now - self.run_started
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._skip_to_now()
+
+    def on_save(self, args, state, control, **kwargs):
+        self._skip_to_now()
+
+    def _skip_to_now(self) -> None:
+        """Leave what ran since the last step's end (an evaluation, a checkpoint) out of `training_seconds`."""
+        if self._between_steps_since is not None:
+            self._between_steps_since = time.perf_counter()
 
     def metrics(self) -> dict:
         """Median step time after warm-up, tokens/s and model FLOP/s per process, the matmul peak and MFU.
