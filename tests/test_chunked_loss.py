@@ -73,6 +73,20 @@ def test_linear_cross_entropy_chunking_does_not_change_the_result():
             torch.testing.assert_close(grad, 2.5 * want, rtol=1e-5, atol=1e-6)
 
 
+def test_linear_cross_entropy_is_exact_where_the_target_probability_underflows():
+    """Logits hundreds apart (a diverging run): the target's float32 softmax probability is 0, yet the loss is
+    the exact log-sum-exp minus the target logit, as transformers' loss gives it, never inf or nan."""
+    generator = torch.Generator().manual_seed(8)
+    hidden = 40 * torch.randn(12, 16, generator=generator)
+    weight = torch.randn(30, 16, generator=generator)
+    logits = hidden @ weight.T
+    targets = logits.argmin(-1)  # the least likely token: probability exp(-hundreds), 0 in float32
+    assert (logits.softmax(-1).gather(-1, targets[:, None]) == 0).all()
+    expected = torch.nn.functional.cross_entropy(logits, targets)
+    assert 100 < expected < float("inf")
+    torch.testing.assert_close(LinearCrossEntropy.apply(hidden, weight, targets, None, 5), expected, rtol=1e-6, atol=0)
+
+
 def test_chunks_are_large_enough_to_be_fast_and_small_enough_to_save_memory():
     """At any vocabulary a chunk has the rows for compute-bound products (the weight gradient is a (V, D) pass per
     chunk: 16 rows at V = 128,256 made the step 0.42x Llama's on CPU), and its float32 logits stay far below the

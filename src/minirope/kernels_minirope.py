@@ -168,13 +168,20 @@ class LinearCrossEntropy(torch.autograd.Function):
         loss = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, hidden.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
-            log_probs = matmul_nt(compute_hidden[rows], compute_weight).float().log_softmax(-1)
-            target_log_prob = log_probs.gather(-1, targets[rows, None])
-            loss -= (target_log_prob.squeeze(-1) * scale[rows]).sum()
+            logits = matmul_nt(compute_hidden[rows], compute_weight).float()
+            target_logit = logits.gather(-1, targets[rows, None])
+            top_logit = logits.amax(-1, keepdim=True)
+            probs = logits.softmax(-1)
+            del logits  # one chunk of logits alive at a time, as before
+            # -log softmax(logits)_target = logsumexp(logits) - target logit, the log-sum-exp read off the top
+            # logit's probability 1 / sum(exp(logits - top)) (>= 1 / V: it never underflows): one exp pass for
+            # the loss and its gradient, where log_softmax then exp took two
+            row_loss = top_logit - probs.amax(-1, keepdim=True).log() - target_logit
+            loss += (row_loss.squeeze(-1) * scale[rows]).sum()
             if grad_hidden is None and grad_weight is None:
                 continue
-            grad_logits = log_probs.exp_()  # softmax
-            grad_logits.scatter_add_(-1, targets[rows, None], torch.full_like(target_log_prob, -1.0))
+            grad_logits = probs
+            grad_logits.scatter_add_(-1, targets[rows, None], torch.full_like(target_logit, -1.0))
             grad_logits = grad_logits.mul_(scale[rows, None]).to(dtype)
             if grad_hidden is not None:
                 grad_hidden[rows] = matmul_nt(grad_logits, compute_weight.T)
@@ -234,15 +241,32 @@ def loss_chunk_rows(vocab_size: int, device_type: str) -> int:
     return max(least, CHUNK_LOGITS // vocab_size)
 
 
-def check_token_ids(input_ids: torch.LongTensor, vocab_size: int) -> None:
-    """Raise a clear error for ids outside `[0, vocab_size)`, instead of the embedding's bare IndexError.
+def embed_token_ids(embedding: nn.Embedding, input_ids: torch.LongTensor) -> torch.Tensor:
+    """`embedding(input_ids)`, with a clear error for an id outside the vocabulary instead of a bare IndexError.
 
-    Checked only for CPU tensors outside compiled graphs, where it costs a reduction and no device sync.
+    The ids are read only after the lookup failed (`check_token_ids`), so a valid batch costs nothing more; on CPU
+    tensors outside compiled graphs (elsewhere an out-of-range id is the device's own error).
+
+    Args: `input_ids` `(B, T)` int64. Returns: `(B, T, D)` embeddings.
+    Raises:
+        ValueError: naming the id and the fix.
+    """
+    if input_ids.device.type != "cpu" or torch.compiler.is_compiling():
+        return embedding(input_ids)
+    try:
+        return embedding(input_ids)
+    except IndexError:
+        check_token_ids(input_ids, embedding.num_embeddings)
+        raise
+
+
+def check_token_ids(input_ids: torch.LongTensor, vocab_size: int) -> None:
+    """Raise a clear error for ids outside `[0, vocab_size)` (a reduction over `input_ids`, read on the host).
 
     Raises:
         ValueError: naming the id and the fix.
     """
-    if input_ids.device.type != "cpu" or input_ids.numel() == 0 or torch.compiler.is_compiling():
+    if input_ids.numel() == 0:
         return
     low, high = (int(value) for value in torch.aminmax(input_ids))
     if low < 0 or high >= vocab_size:
