@@ -29,3 +29,17 @@ def test_left_padded_batch_generates_as_each_prompt_alone():
     for row, prompt in enumerate(prompts):
         alone = model.generate(torch.tensor([prompt]), **settings)
         assert together[row, -10:].tolist() == alone[0, -10:].tolist()
+
+
+def test_generate_does_not_rebuild_the_forward_signature_at_every_token(monkeypatch):
+    """minirope is registered custom code, for which transformers' generate() reads `inspect.signature(forward)` at
+    each step; the signature is computed once per class (`MiniRopeLoadingMixin.__init_subclass__`), not per token."""
+    import inspect
+
+    model = random_model(tiny_config())
+    built = []
+    build = inspect._signature_from_function
+    monkeypatch.setattr(inspect, "_signature_from_function", lambda *a, **k: built.append(a[1]) or build(*a, **k))
+    model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
+    assert model.is_remote_code()
+    assert sum(getattr(f, "__name__", "") == "forward" for f in built) < 5  # 20 or more without the cache

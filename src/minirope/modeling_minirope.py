@@ -37,7 +37,7 @@ from transformers.utils.generic import can_return_tuple, merge_with_config_defau
 from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_minirope import MiniRopeConfig
-from .kernels_minirope import MiniRopeLinear, check_token_ids, fused_causal_lm_loss
+from .kernels_minirope import MiniRopeLinear, embed_token_ids, fused_causal_lm_loss
 from .loading_minirope import MiniRopeLoadingMixin
 from .rotary_minirope import MiniRopeRotaryEmbedding, apply_rotary_pos_emb
 
@@ -284,8 +284,7 @@ class MiniRopeModel(MiniRopePreTrainedModel):
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         if inputs_embeds is None:
-            check_token_ids(input_ids, self.config.vocab_size)
-            inputs_embeds = self.embed_tokens(input_ids)
+            inputs_embeds = embed_token_ids(self.embed_tokens, input_ids)
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past_seen_tokens = past_key_values.get_seq_length() if past_key_values is not None else 0

@@ -162,14 +162,19 @@ class MiniRopeRotaryEmbedding(nn.Module):
         Returns:
             `(cos, sin)`, each `(B, T, d)` in `x.dtype`.
         """
-        length_dependent = self.rope_type in LENGTH_DEPENDENT
-        if not torch.compiler.is_compiling() and (length_dependent or position_ids.device.type == "cpu"):
+        compiling = torch.compiler.is_compiling()
+        if self.rope_type in LENGTH_DEPENDENT and not compiling:  # the angles depend on the longest position
             seq_len = int(position_ids.max()) + 1
-            rescaled = length_dependent and self._rescale_inv_freq(seq_len)
+            rescaled = self._rescale_inv_freq(seq_len)
             if seq_len > self.max_seq_len_cached:
                 self.grow(seq_len)
             elif rescaled:
                 self.reset_cache()
+        elif position_ids.device.type == "cpu" and not compiling:
+            try:  # no read of the positions before the gather: it fails, and only then, past the tables' end
+                return self.cos_cached[position_ids].to(x.dtype), self.sin_cached[position_ids].to(x.dtype)
+            except IndexError:
+                self.grow(int(position_ids.max()) + 1)
         return self.cos_cached[position_ids].to(x.dtype), self.sin_cached[position_ids].to(x.dtype)
 
 
