@@ -201,14 +201,16 @@ def peak_memory(name: str, which: str) -> float:
 
 
 def compare(name: str, reps: int, measure_memory: bool) -> dict:
-    """Alternate the two models, `reps` rounds of one repetition each, after a warm-up of each."""
+    """Alternate the two models, `reps` rounds of one repetition each, after a warm-up of each; which model goes
+    first alternates too, so neither always runs right after the other (a cold cache, the other's garbage)."""
     unit, make = CASES[name]
     ours_model, theirs_model = build_pair(case_size(name))
     ours, theirs = make(ours_model), make(theirs_model)
     ours(), theirs()
     rates = {"minirope": [], "llama": []}
-    for _ in range(reps):
-        for label, run in (("minirope", ours), ("llama", theirs)):
+    pair = (("minirope", ours), ("llama", theirs))
+    for round_ in range(reps):
+        for label, run in pair if round_ % 2 == 0 else pair[::-1]:
             start = time.perf_counter()
             units = run()
             rates[label].append(units / (time.perf_counter() - start))
