@@ -46,8 +46,8 @@ class MiniRopeRMSNorm(nn.Module):
     """Root-mean-square layer norm (Zhang & Sennrich 2019): `x / sqrt(mean(x^2) + eps) * weight`.
 
     Normalised in float32, cast back to the input dtype, then scaled by `weight`: the rounding steps of
-    `LlamaRMSNorm`, with the normalisation in one fused kernel (`torch.nn.functional.rms_norm`) instead of
-    five elementwise ones. Input and output: `(..., D)`.
+    `LlamaRMSNorm`, with the normalisation in one call (`torch.nn.functional.rms_norm`: a fused kernel on
+    CUDA; on CPU torch decomposes it into Llama's elementwise steps). Input and output: `(..., D)`.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
