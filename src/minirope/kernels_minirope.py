@@ -241,11 +241,11 @@ def loss_chunk_rows(vocab_size: int, device_type: str) -> int:
     return max(least, CHUNK_LOGITS // vocab_size)
 
 
-def embed_token_ids(embedding: nn.Embedding, input_ids: torch.LongTensor) -> torch.Tensor:
-    """`embedding(input_ids)`, with a clear error for an id outside the vocabulary instead of a bare IndexError.
+def embed_token_ids(embedding: nn.Module, input_ids: torch.LongTensor, vocab_size: int) -> torch.Tensor:
+    """`embedding(input_ids)`, with a clear error for an id outside `[0, vocab_size)` instead of a bare IndexError.
 
-    The ids are read only after the lookup failed (`check_token_ids`), so a valid batch costs nothing more; on CPU
-    tensors outside compiled graphs (elsewhere an out-of-range id is the device's own error).
+    The ids are read (`check_token_ids`) only after the lookup failed, so a valid batch costs nothing more. CPU
+    tensors outside compiled graphs only: elsewhere an out-of-range id raises the device's own error.
 
     Args: `input_ids` `(B, T)` int64. Returns: `(B, T, D)` embeddings.
     Raises:
@@ -256,7 +256,7 @@ def embed_token_ids(embedding: nn.Embedding, input_ids: torch.LongTensor) -> tor
     try:
         return embedding(input_ids)
     except IndexError:
-        check_token_ids(input_ids, embedding.num_embeddings)
+        check_token_ids(input_ids, vocab_size)
         raise
 
 

@@ -284,7 +284,7 @@ class MiniRopeModel(MiniRopePreTrainedModel):
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         if inputs_embeds is None:
-            inputs_embeds = embed_token_ids(self.embed_tokens, input_ids)
+            inputs_embeds = embed_token_ids(self.embed_tokens, input_ids, self.config.vocab_size)
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past_seen_tokens = past_key_values.get_seq_length() if past_key_values is not None else 0
