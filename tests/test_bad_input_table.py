@@ -139,6 +139,7 @@ CASES = [
     (PRETRAIN, [*P, "--save_total_limit", "-3"], "--save_total_limit must be >= 1"),
     (PRETRAIN, [*P, "--attn_implementation", "fast"], "--attn_implementation 'fast' is not one of"),
     (PRETRAIN, [*P, "--optim_hidden", "lion"], "--optim_hidden must be adamw or muon"),
+    (PRETRAIN, [*P, "--muon_momentum", "1"], "--muon_momentum must be in [0, 1)"),
     (PRETRAIN, [*P, "--optim", "adafactor"], "--optim adafactor does not combine with --optim_hidden muon"),
     (PRETRAIN, [*P, "--lr_scheduler_type", "bogus"], "bogus"),
     (PRETRAIN, [*P, "--lr_decay_ratio", "2"], "--lr_decay_ratio must be in [0, 1]"),

@@ -84,3 +84,18 @@ def test_a_muon_run_resumed_from_a_checkpoint_equals_one_never_stopped(tmp_path)
     assert adamw["eval_nats_per_token"] != want["eval_nats_per_token"]  # Muon did train the hidden matrices
     assert "Muon for the hidden matrices and AdamW for the rest" in (tmp_path / "whole" / "README.md").read_text()
     assert "Muon" not in (tmp_path / "adamw" / "README.md").read_text()
+
+
+def test_the_trainer_gives_muon_the_momentum_flag(tmp_path):
+    from minirope.commands import finetune
+    from minirope.training.trainer import MiniRopeTrainer
+
+    argv = ["--output_dir", str(tmp_path), "--use_cpu", "True", "--bf16", "False", "--eval_strategy", "no"]
+    args = pretrain.parse_args(argv)[2]
+    assert args.muon_momentum == 0.9  # pretraining's measured default (docs/recipe.md)
+    finetuning = finetune.parse_args(["--model_name_or_path", "unused", "--output_dir", str(tmp_path)])[-1]
+    assert finetuning.muon_momentum == 0.95  # torch's, in the other commands
+    for momentum in (0.9, 0.8):
+        args.muon_momentum = momentum
+        muon, _ = MiniRopeTrainer(model=random_model(tiny_config()), args=args).create_optimizer().optimizers
+        assert [group["momentum"] for group in muon.param_groups] == [momentum]

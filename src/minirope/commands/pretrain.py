@@ -8,7 +8,7 @@ recipe's own defaults are those of `PretrainingArguments` below. The same script
 
     minirope-pretrain                                  # the default recipe (docs/recipe.md)
     minirope-pretrain --optim_hidden adamw --num_hidden_layers 6 --hidden_size 64 --intermediate_size 192 \
-        --max_steps 2400                               # the previous default recipe
+        --max_steps 2400 --adam_beta2 0.95 --warmup_steps 40 --lr_decay_type cosine   # the previous recipe
     minirope-pretrain --max_steps 100 --output_dir /tmp/run
     minirope-pretrain --train_file a.txt --validation_file b.txt --block_size 512
     minirope-pretrain --dataset_name NAME --dataset_config_name CONFIG
@@ -125,7 +125,7 @@ class DataArguments(TextDataArguments):
 @dataclass
 class PretrainingArguments(MiniRopeTrainingArguments):
     """`TrainingArguments` with the defaults of the recipe measured in docs/recipe.md (Muon, 1000 steps: a compute
-    budget of about 27,000 GFLOP-s, under 3 minutes of training on a 2-core CPU with a 180 GFLOP/s float32 peak)."""
+    budget of about 23,000 GFLOP-s, about 2 minutes of training on a 2-core CPU with a 180 GFLOP/s float32 peak)."""
 
     output_dir: str = field(default="runs/minirope-shakespeare", metadata={"help": "Where the model is written."})
     per_device_train_batch_size: int = 8
@@ -147,11 +147,14 @@ class PretrainingArguments(MiniRopeTrainingArguments):
         },
     )
     weight_decay: float = 0.1
-    adam_beta2: float = 0.95
+    adam_beta2: float = 0.99
     max_grad_norm: float = 1.0
     optim_hidden: str = field(default="muon", metadata={"help": OPTIM_HIDDEN_HELP})
+    muon_momentum: float = field(
+        default=0.9, metadata={"help": "With --optim_hidden muon: Muon's Nesterov momentum (docs/recipe.md: 0.9)."}
+    )
     max_steps: int = 1000
-    warmup_steps: float = 40
+    warmup_steps: float = 0
     torch_compile: bool | None = field(
         default=None,
         metadata={

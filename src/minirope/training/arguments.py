@@ -18,6 +18,7 @@ from transformers import HfArgumentParser, TrainingArguments, set_seed
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from minirope.training.checkpoints import resolve_resume
+from minirope.training.optimizers import MUON_MOMENTUM
 
 
 def bf16_is_faster(device: torch.device, size: int = 512) -> bool:
@@ -74,6 +75,9 @@ class MiniRopeTrainingArguments(TrainingArguments):
         default=None, metadata={"help": "Train on the CPU. Default: only where there is no GPU or accelerator."}
     )
     optim_hidden: str = field(default="adamw", metadata={"help": OPTIM_HIDDEN_HELP})
+    muon_momentum: float = field(
+        default=MUON_MOMENTUM, metadata={"help": "With --optim_hidden muon: Muon's Nesterov momentum, in [0, 1)."}
+    )
     per_device_eval_batch_size: int = 32
     lr_scheduler_type: str = "cosine"
     seed: int = 42
@@ -126,6 +130,8 @@ class MiniRopeTrainingArguments(TrainingArguments):
             )
         if self.seed >= 2**32:
             raise ValueError(f"--seed must be below 2**32, got {self.seed}.")
+        if not 0 <= self.muon_momentum < 1:
+            raise ValueError(f"--muon_momentum must be in [0, 1), got {self.muon_momentum}: e.g. 0.95.")
         if self.optim_hidden not in ("adamw", "muon"):
             raise ValueError(f"--optim_hidden must be adamw or muon, got {self.optim_hidden!r}.")
         optim = getattr(self.optim, "value", self.optim)

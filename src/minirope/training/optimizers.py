@@ -109,12 +109,21 @@ class MuonWithAdamW(torch.optim.Optimizer):
         model: the model; `hidden_matrices(model)` go to Muon.
         lr, weight_decay: for both (Muon with `adjust_lr_fn="match_rms_adamw"`).
         no_decay: names of parameters trained without weight decay (norm weights, biases).
+        momentum: Muon's (Nesterov) momentum, in [0, 1).
         adamw_kwargs: `betas`, `eps`, ... for AdamW.
     Raises:
         ValueError: the model has no hidden matrix.
     """
 
-    def __init__(self, model: nn.Module, lr: float, weight_decay: float, no_decay: set[str], **adamw_kwargs):
+    def __init__(
+        self,
+        model: nn.Module,
+        lr: float,
+        weight_decay: float,
+        no_decay: set[str],
+        momentum: float = MUON_MOMENTUM,
+        **adamw_kwargs,
+    ):
         hidden = hidden_matrices(model)
         if not hidden:
             raise ValueError("--optim_hidden muon: the model has no hidden matrix for Muon to train.")
@@ -123,7 +132,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
             [params[name] for name in sorted(hidden)],
             lr=lr,
             weight_decay=weight_decay,
-            momentum=MUON_MOMENTUM,
+            momentum=momentum,
             adjust_lr_fn="match_rms_adamw",
         )
         rest = [name for name in params if name not in hidden]

@@ -72,8 +72,8 @@ class MiniRopeTrainer(Trainer):
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def create_optimizer(self, model=None):
-        """`Trainer.create_optimizer`; with `--optim_hidden muon`, `MuonWithAdamW` (Muon for the hidden matrices,
-        AdamW with `--adam_beta1/2`, `--adam_epsilon` for the rest)."""
+        """`Trainer.create_optimizer`; with `--optim_hidden muon`, `MuonWithAdamW` (Muon with `--muon_momentum` for
+        the hidden matrices, AdamW with `--adam_beta1/2`, `--adam_epsilon` for the rest)."""
         if getattr(self.args, "optim_hidden", "adamw") != "muon" or self.optimizer is not None:
             return super().create_optimizer(model)
         model = model if model is not None else self.model
@@ -83,6 +83,7 @@ class MiniRopeTrainer(Trainer):
             lr=self.args.learning_rate,
             weight_decay=self.args.weight_decay,
             no_decay={name for name, _ in model.named_parameters() if name not in decay},
+            momentum=self.args.muon_momentum,
             betas=(self.args.adam_beta1, self.args.adam_beta2),
             eps=self.args.adam_epsilon,
         )
