@@ -126,3 +126,5 @@ def test_warmup_stable_decay_decays_over_the_last_quarter_by_default():
     assert args.lr_scheduler_kwargs == {"num_decay_steps": 7, "decay_type": "1-sqrt"}
     args = pretrain.parse_args(["--max_steps", "100", "--lr_decay_type", "linear"])[2]
     assert args.lr_scheduler_kwargs == {"num_decay_steps": 25, "decay_type": "linear"}
+    by_epochs = pretrain.parse_args(["--max_steps", "-1", "--num_train_epochs", "2", "--lr_decay_type", "linear"])[2]
+    assert by_epochs.lr_scheduler_kwargs == {"decay_type": "linear"}  # the decay's steps are counted at the start

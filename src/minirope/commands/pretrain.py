@@ -173,9 +173,10 @@ class PretrainingArguments(MiniRopeTrainingArguments):
         super().__post_init__()
         if not 0 <= self.lr_decay_ratio <= 1:
             raise ValueError(f"--lr_decay_ratio must be in [0, 1], got {self.lr_decay_ratio}: e.g. 0.25.")
-        if self.lr_scheduler_type == SchedulerType.WARMUP_STABLE_DECAY and self.max_steps > 0:
-            decay_steps = round(self.lr_decay_ratio * self.max_steps)
-            schedule = {"num_decay_steps": decay_steps, "decay_type": self.lr_decay_type}
+        if self.lr_scheduler_type == SchedulerType.WARMUP_STABLE_DECAY:
+            schedule = {"decay_type": self.lr_decay_type}
+            if self.max_steps > 0:  # else the Trainer counts the decay from the epochs' steps (create_scheduler)
+                schedule["num_decay_steps"] = round(self.lr_decay_ratio * self.max_steps)
             self.lr_scheduler_kwargs = {**schedule, **(self.lr_scheduler_kwargs or {})}
 
 
