@@ -2,6 +2,7 @@
 onnxruntime, llama.cpp through llama-cpp-python), on a model trained here on the bundled plays."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY_RUN, left_padded_batch
+from tokenizers import pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from minirope import MiniRopeForCausalLM
@@ -23,6 +25,7 @@ TRICKY = [
     "ROMEO:\nBut, soft! what light through yonder window breaks?\n\nJULIET:\nAy me!",
     "I'll ne'er o'erlook't; 'tis true, we've 3 or 33 or 333 ducats.",
     "  two spaces,\tone tab\n\n\n three newlines; café, naïve, Æsop — “quoted” ‘single’ 🦙",
+    "WE'LL SEE'T.  \nA verse line's break;  \n\t \n  \nthen 1234567 and 12,345.\r\n",
 ]
 
 
@@ -124,6 +127,39 @@ def test_llama_cpp_tokenizes_as_the_hf_tokenizer(client_model, gguf_f32):
     # add_bos as the HF tokenizer does it: minirope's tokenizer adds no special token to text
     assert llm.tokenize(b"ROMEO:") == tokenizer("ROMEO:")["input_ids"]
     assert llm.token_bos() == tokenizer.bos_token_id and llm.token_eos() == tokenizer.eos_token_id
+
+
+def with_pre_tokenizer(client_model, folder, pre_tokenizer):
+    """A copy of `client_model` whose tokenizer pre-tokenizes with `pre_tokenizer` (same vocabulary and merges)."""
+    shutil.copytree(client_model, folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizer
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_gguf_names_the_pre_tokenizer_and_llama_cpp_follows_it(client_model, gguf_f32, tmp_path):
+    """minirope's tokenizer (Llama 3's regex) is `llama-bpe`; a folder trained before 2026-11-24 (GPT-2's regex)
+    is `gpt-2`, and llama.cpp tokenizes it as its HF tokenizer does; any other pre-tokenizer is refused."""
+    import gguf
+
+    def pre(path):
+        field = gguf.GGUFReader(path).fields["tokenizer.ggml.pre"]
+        return bytes(field.parts[field.data[0]]).decode()
+
+    assert pre(gguf_f32) == "llama-bpe"
+    old = with_pre_tokenizer(client_model, tmp_path / "gpt2", pre_tokenizers.ByteLevel(add_prefix_space=False))
+    path = export_gguf(old, tmp_path / "gpt2.gguf", "f32")
+    assert pre(path) == "gpt-2"
+    llm, tokenizer = llama_cpp_model(path, n_ctx=2048), AutoTokenizer.from_pretrained(old)
+    for text in [*TRICKY, validation_text()]:
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer(text)["input_ids"], text[:40]
+    text = validation_text()  # the two regexes give different ids (",\n" is one token of minirope's)
+    assert tokenizer(text)["input_ids"] != AutoTokenizer.from_pretrained(client_model)(text)["input_ids"]
+    other = with_pre_tokenizer(client_model, tmp_path / "other", pre_tokenizers.Whitespace())
+    with pytest.raises(ValueError, match="not a byte-level BPE with GPT-2's or Llama 3's pre-tokenizer"):
+        export_gguf(other, tmp_path / "other.gguf")
+    assert not (tmp_path / "other.gguf").exists()
 
 
 def test_llama_cpp_logits_match_minirope(client_model, gguf_f32):

@@ -32,6 +32,7 @@ from minirope.training.data import (
 from minirope.training.documents import TextFile, Texts, file_shard
 from minirope.training.tokenizer import PIECE_CHARS, TextPieces, train_tokenizer
 
+# The pre-tokenizer regex of Meta-Llama-3-8B's tokenizer.json (an oracle independent of minirope's copy)
 LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
     r"\s+(?!\S)|\s+"
@@ -107,30 +108,44 @@ def adversarial_text(size: int, seed: int = 0) -> str:
 
 
 def pre_tokenized_tokenizers(plays):
-    """A Llama 3-style byte-level BPE (a Split regex, then ByteLevel), and a SentencePiece-style one (a
-    normalizer that prepends and replaces spaces) that cannot be cut exactly."""
-    llama3 = Tokenizer(models.BPE())
-    llama3.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"), pre_tokenizers.ByteLevel(use_regex=False)]
-    )
-    llama3.decoder = decoders.ByteLevel()
+    """A GPT-2-style byte-level BPE (`ByteLevel` with its own regex: minirope's tokenizers before 2026-11-24), and
+    a SentencePiece-style one (a normalizer that prepends and replaces spaces) that cannot be cut exactly."""
+    gpt2 = Tokenizer(models.BPE())
+    gpt2.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    gpt2.decoder = decoders.ByteLevel()
     spiece = Tokenizer(models.BPE())
     spiece.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-    for backend in (llama3, spiece):
-        alphabet = pre_tokenizers.ByteLevel.alphabet() if backend is llama3 else []
+    for backend in (gpt2, spiece):
+        alphabet = pre_tokenizers.ByteLevel.alphabet() if backend is gpt2 else []
         trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["</s>"], initial_alphabet=alphabet)
         backend.train_from_iterator([plays[0], adversarial_text(20_000)], trainer=trainer)
-    return [PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>") for backend in (llama3, spiece)]
+    return [PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>") for backend in (gpt2, spiece)]
+
+
+def test_the_tokenizer_pre_tokenizes_as_llama_3(plays):
+    """minirope's tokenizer splits text exactly as Meta-Llama-3's `tokenizer.json` does (its regex, copied above
+    from that file, then byte-level without a regex), so a verse line's last comma and its newline are one token."""
+    tokenizer = train_tokenizer([plays[0]], 600)
+    oracle = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    for text in (adversarial_text(20_000, seed=3), plays[1][:20_000]):
+        assert tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text) == oracle.pre_tokenize_str(text)
+    assert ",\u010a" in tokenizer.tokenize("my desires,\nLike to")  # one token; GPT-2's regex splits it: ",", "\u010a"
 
 
 def test_a_document_in_pieces_has_the_ids_of_the_whole_document(plays, tokenizer, tmp_path, monkeypatch):
     """`tokenizer(document)` is the oracle: a 3 MB document read from a file in 1 MiB chunks and cut into 64k
     pieces, and a 200 kB one cut into ~200-character pieces, give exactly its ids, for minirope's byte-level BPE
-    and a Llama 3-style one; a tokenizer whose pieces would differ is detected and tokenizes documents whole."""
+    (Llama 3's regex) and a GPT-2-style one; a tokenizer whose pieces would differ is detected and tokenizes
+    documents whole."""
     big = adversarial_text(3_000_000, seed=1)
     (tmp_path / "big.txt").write_text(big, encoding="utf-8")
-    llama3, spiece = pre_tokenized_tokenizers(plays)
-    for tok, exact in ((tokenizer, True), (llama3, True), (spiece, False)):
+    gpt2, spiece = pre_tokenized_tokenizers(plays)
+    for tok, exact in ((tokenizer, True), (gpt2, True), (spiece, False)):
         pieces = TextPieces(tok)
         assert pieces.exact is exact
         chunks = list(pieces.pieces(TextFile(tmp_path / "big.txt").read()))

@@ -8,14 +8,15 @@ nothing half-written; an existing output is replaced only with `--overwrite`.
   files and a model card: loads with `AutoModelForCausalLM`/`AutoTokenizer` and no remote code.
 - **gguf**: written with `gguf` (llama.cpp's own Python library), as llama.cpp's `convert_hf_to_gguf.py` writes a
   Llama: architecture `llama`, q/k rows permuted back to the interleaved RoPE layout llama.cpp rotates
-  (`half_split_to_interleaved`), the byte-level BPE vocabulary and merges with the `gpt-2` pre-tokenizer (the
-  same regex as `tokenizers`' `ByteLevel(use_regex=True)`, which minirope's tokenizer uses), the special ids
+  (`half_split_to_interleaved`), the byte-level BPE vocabulary and merges with llama.cpp's name for the
+  pre-tokenizer's regex (`llama-bpe` for Llama 3's, which minirope's tokenizer uses; `gpt-2`), the special ids
   and add-bos/add-eos as the HF tokenizer does them, the RoPE base and the `linear`/`yarn`/`llama3` scalings.
 - **onnx**: `torch.onnx.export(..., dynamo=True)`, inputs `input_ids` and `attention_mask` `(batch, sequence)`
   int64 with both axes dynamic, output `logits` `(batch, sequence, vocab)` float32; positions are computed
   inside as `generate()` computes them (`cumsum(attention_mask) - 1`), so left-padded batches are right.
 """
 
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -124,6 +125,35 @@ def gguf_rope_scaling(config, writer, gguf) -> np.ndarray | None:
     return (1.0 / rope["rope_theta"] ** exponents / scaled).numpy().astype(np.float32)
 
 
+def gguf_pre_tokenizer(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """llama.cpp's name for the tokenizer's pre-tokenizer (`tokenizer.ggml.pre`), or None if llama.cpp has none.
+
+    A byte-level BPE with GPT-2's regex (`ByteLevel(use_regex=True)`: minirope's tokenizers before 2026-11-24) is
+    `gpt-2`; with Llama 3's (`Split(PRE_TOKENIZER_PATTERN)` then `ByteLevel(use_regex=False)`: minirope's now, and
+    Meta-Llama-3's) it is `llama-bpe`. Any other pre-tokenizer, or another model than BPE: None.
+    """
+    from minirope.training.tokenizer import PRE_TOKENIZER_PATTERN
+
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    pre = state.get("pre_tokenizer") or {}
+    if state["model"]["type"] != "BPE":
+        return None
+    if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
+        return "gpt-2"
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else []
+    if (
+        len(steps) == 2
+        and steps[0]["type"] == "Split"
+        and steps[0]["pattern"] == {"Regex": PRE_TOKENIZER_PATTERN}
+        and steps[0]["behavior"] == "Isolated"
+        and not steps[0]["invert"]
+        and steps[1]["type"] == "ByteLevel"
+        and not steps[1]["use_regex"]
+    ):
+        return "llama-bpe"
+    return None
+
+
 def gguf_vocabulary(tokenizer: PreTrainedTokenizerBase, vocab_size: int, gguf) -> tuple[list[str], list[int]]:
     """Token strings and types for ids `0 .. vocab_size-1`, as `convert_hf_to_gguf.py`'s `get_vocab_base`."""
     by_id = {index: token for token, index in tokenizer.get_vocab().items()}
@@ -165,11 +195,13 @@ def export_gguf(model_dir: str | Path, output: str | Path, outtype: str = "f32",
         raise ValueError(f"--outtype {outtype!r} is not one of {', '.join(GGUF_OUTTYPES)}.")
     model, tokenizer = load(model_dir)
     config = model.config
-    backend = tokenizer.backend_tokenizer
-    if type(backend.model).__name__ != "BPE" or type(backend.pre_tokenizer).__name__ != "ByteLevel":
+    pre_tokenizer = gguf_pre_tokenizer(tokenizer)
+    if pre_tokenizer is None:
+        backend = tokenizer.backend_tokenizer
         raise ValueError(
-            f"the tokenizer in {model_dir} is not a byte-level BPE (model {type(backend.model).__name__}, "
-            f"pre-tokenizer {type(backend.pre_tokenizer).__name__}): GGUF export supports minirope's own tokenizer."
+            f"the tokenizer in {model_dir} is not a byte-level BPE with GPT-2's or Llama 3's pre-tokenizer (model "
+            f"{type(backend.model).__name__}, pre-tokenizer {type(backend.pre_tokenizer).__name__}): GGUF export "
+            "supports minirope's own tokenizers."
         )
     output = Path(output)
     file_type = {
@@ -196,7 +228,7 @@ def export_gguf(model_dir: str | Path, output: str | Path, outtype: str = "f32",
 
         tokens, types = gguf_vocabulary(tokenizer, config.vocab_size, gguf)
         writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre("gpt-2")
+        writer.add_tokenizer_pre(pre_tokenizer)
         writer.add_token_list(tokens)
         writer.add_token_types(types)
         special = gguf.SpecialVocab(model_dir, load_merges=True, n_vocab=config.vocab_size)
