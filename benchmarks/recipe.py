@@ -42,7 +42,8 @@ CURVE_LABELS = {
     "wsd": "new recipe: warmup-stable-decay (last 25 %)",
     "cosine": "the previous schedule: cosine (same model, batch, lr)",
     "old": "previous recipe: AdamW, 6 layers x 64 (0.84M)",
-    "new": "new recipe: Muon + AdamW, 3 layers x 96 (1.15M)",
+    "new": "Muon + AdamW, 3 layers x 96 (1.15M): the first Muon recipe (2026-11-23)",
+    "final": "+ Llama 3's pre-tokenizer, lr 4e-3, no clipping, 30 % decay (2026-11-24)",
 }
 
 
@@ -144,8 +145,8 @@ def main() -> None:
     minutes = "training time (minutes: steps x median step time, 2-core CPU, float32)"
     title = "default model (hidden 64, batch 8, AdamW lr 3e-3): a separate run per budget"
     plot_curves(results, "curve-", training_minutes, minutes, title, CURVES_PLOT)
-    budget = "compute budget (GFLOP-s: steps x median step x the run's measured float32 peak)"
-    title = "the previous recipe against the new one: a separate run per budget"
+    budget = "compute budget (GFLOP-s: training time x the run's measured float32 peak)"
+    title = "three recipes: a separate run per budget"
     plot_curves(results, "budget-", lambda result: result["budget_gflop_seconds"], budget, title, BUDGET_PLOT)
 
 

@@ -263,12 +263,14 @@ def server(command: list[str], ready: str, log_path, timeout: float = 120):
                 process.wait()
 
 
-def ask(port: int, model: str) -> dict:
-    """The three calls a chat client makes, greedy: chat, chat streamed, completion."""
+def ask(port: int, model: str, **extra_body) -> dict:
+    """The three calls a chat client makes, greedy: chat, chat streamed, completion (`extra_body`: a server's own
+    request fields)."""
     from openai import OpenAI
 
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
     greedy = {"model": model, "max_tokens": MAX_TOKENS, "temperature": 0.0}
+    greedy |= {"extra_body": extra_body} if extra_body else {}
     chat = client.chat.completions.create(messages=QUESTION, **greedy)
     stream = client.chat.completions.create(messages=QUESTION, stream=True, **greedy)
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
@@ -309,7 +311,7 @@ def test_llama_cpp_server_answers_the_gguf_as_generate_does(chat_model, tmp_path
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(chat_model / "model.gguf")]
     command += ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "256"]
     with server(command, f"http://127.0.0.1:{port}/v1/models", tmp_path / "llama-server.log"):
-        answers = ask(port, "model")
+        answers = ask(port, "model", repeat_penalty=1.0)  # llama-cpp-python's server defaults to 1.1: not greedy
     check_answers(answers, chat_model)
     tokenizer = AutoTokenizer.from_pretrained(chat_model / "minirope")
     prompt = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, return_dict=True)["input_ids"]

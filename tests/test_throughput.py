@@ -117,14 +117,14 @@ def test_float32_peak_is_measured_in_float32():
     assert callback.peak_dtype == torch.float32 and callback.peak_flops > 1e8
 
 
-def test_warmup_stable_decay_decays_over_the_last_quarter_by_default():
+def test_warmup_stable_decay_decays_over_the_last_30_percent_by_default():
     from minirope.commands import pretrain
 
-    default = {"num_decay_steps": 25, "decay_type": "1-sqrt"}
+    default = {"num_decay_steps": 30, "decay_type": "1-sqrt"}
     assert pretrain.parse_args(["--max_steps", "100"])[2].lr_scheduler_kwargs == default
     args = pretrain.parse_args(["--max_steps", "100", "--lr_scheduler_kwargs", '{"num_decay_steps": 7}'])[2]
     assert args.lr_scheduler_kwargs == {"num_decay_steps": 7, "decay_type": "1-sqrt"}
     args = pretrain.parse_args(["--max_steps", "100", "--lr_decay_type", "linear"])[2]
-    assert args.lr_scheduler_kwargs == {"num_decay_steps": 25, "decay_type": "linear"}
+    assert args.lr_scheduler_kwargs == {"num_decay_steps": 30, "decay_type": "linear"}
     by_epochs = pretrain.parse_args(["--max_steps", "-1", "--num_train_epochs", "2", "--lr_decay_type", "linear"])[2]
     assert by_epochs.lr_scheduler_kwargs == {"decay_type": "linear"}  # the decay's steps are counted at the start

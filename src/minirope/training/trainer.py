@@ -109,7 +109,8 @@ class MiniRopeTrainer(Trainer):
             raise NonFiniteLossError(
                 f"the training loss became {loss.item()} at step {self.state.global_step + 1}; training stopped "
                 f"before that update. Last good checkpoint: {last or 'none saved yet'}. Lower --learning_rate, "
-                f"raise --warmup_steps or keep --max_grad_norm > 0, then resume with --resume_from_checkpoint."
+                "raise --warmup_steps or clip gradients (--max_grad_norm 1.0), then resume with "
+                "--resume_from_checkpoint."
             )
         return loss
 
