@@ -13,9 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ON_CPU, TINY_RUN
 from test_bad_input import assert_no_model, cli_error
+from test_data import gpt2_style_tokenizer
 from test_distributed import assert_close, launch
 from test_resume import kill_when_written
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from minirope.commands import pretrain
@@ -110,16 +111,12 @@ def adversarial_text(size: int, seed: int = 0) -> str:
 def pre_tokenized_tokenizers(plays):
     """A GPT-2-style byte-level BPE (`ByteLevel` with its own regex: minirope's tokenizers before 2026-11-24), and
     a SentencePiece-style one (a normalizer that prepends and replaces spaces) that cannot be cut exactly."""
-    gpt2 = Tokenizer(models.BPE())
-    gpt2.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    gpt2.decoder = decoders.ByteLevel()
+    texts = [plays[0], adversarial_text(20_000)]
     spiece = Tokenizer(models.BPE())
     spiece.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-    for backend in (gpt2, spiece):
-        alphabet = pre_tokenizers.ByteLevel.alphabet() if backend is gpt2 else []
-        trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["</s>"], initial_alphabet=alphabet)
-        backend.train_from_iterator([plays[0], adversarial_text(20_000)], trainer=trainer)
-    return [PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>") for backend in (gpt2, spiece)]
+    spiece.train_from_iterator(texts, trainer=trainers.BpeTrainer(vocab_size=600, special_tokens=["</s>"]))
+    gpt2 = gpt2_style_tokenizer(texts, vocab_size=600)
+    return gpt2, PreTrainedTokenizerFast(tokenizer_object=spiece, eos_token="</s>")
 
 
 def test_the_tokenizer_pre_tokenizes_as_llama_3(plays):

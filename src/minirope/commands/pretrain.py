@@ -8,7 +8,8 @@ recipe's own defaults are those of `PretrainingArguments` below. The same script
 
     minirope-pretrain                                  # the default recipe (docs/recipe.md)
     minirope-pretrain --optim_hidden adamw --num_hidden_layers 6 --hidden_size 64 --intermediate_size 192 \
-        --max_steps 2400 --adam_beta2 0.95 --warmup_steps 40 --lr_decay_type cosine   # the previous recipe
+        --max_steps 2400 --learning_rate 3e-3 --adam_beta2 0.95 --warmup_steps 40 --lr_decay_type cosine \
+        --lr_decay_ratio 0.25 --max_grad_norm 1.0      # the previous recipe (its tokenizer: docs/recipe.md)
     minirope-pretrain --max_steps 100 --output_dir /tmp/run
     minirope-pretrain --train_file a.txt --validation_file b.txt --block_size 512
     minirope-pretrain --dataset_name NAME --dataset_config_name CONFIG
