@@ -14,8 +14,9 @@ calls it) in fp32 and in bf16 autocast at ~1M, 12M and 100M parameters; prefill;
 1 and 8 with the default dynamic cache; minirope with a static cache and a compiled forward
 (`torch.compile` with Inductor's `freezing`, its CPU inference mode) against Llama's dynamic-cache decode;
 a RoPE microbenchmark (cos/sin cache gather vs recomputing cos/sin from positions) at 128..8192 tokens;
-one float32 product on torch.mm and on oneDNN at decode and training shapes (the measurement behind
-`onednn_linear_enabled`: oneDNN on AVX-512 CPUs only).
+one float32 product on torch.mm and on oneDNN at decode and training shapes, its weight in the cache and from
+memory (the measurements behind `onednn_linear_enabled`, every product on oneDNN on AVX-512 CPUs, and
+`few_rows_large_weight`, decoding products with large weights on oneDNN on any x86 CPU).
 Scaling curves (PNG): training step time vs sequence length at a fixed 4096 tokens per step, and greedy
 decode time per token vs context length.
 
@@ -48,7 +49,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM, MiniRopeRotaryEmbedding
 from minirope.convert import to_llama
-from minirope.kernels_minirope import onednn_available, onednn_linear, onednn_linear_enabled
+from minirope.kernels_minirope import onednn_available, onednn_linear, use_onednn
 from minirope.training.arguments import bf16_is_faster, reuse_freed_memory
 from minirope.training.throughput import matmul_peak_flops
 
@@ -148,6 +149,8 @@ CASES |= {
     "prefill 12M fp32 8x512": ("tokens/s", partial(prefill_case, batch=8, length=512)),
     "greedy decode 12M fp32 batch 1, dynamic cache": ("tokens/s", partial(decode_case, batch=1)),
     "greedy decode 12M fp32 batch 8, dynamic cache": ("tokens/s", partial(decode_case, batch=8)),
+    "greedy decode 100M fp32 batch 1, dynamic cache": ("tokens/s", partial(decode_case, batch=1)),
+    "greedy decode 100M fp32 batch 8, dynamic cache": ("tokens/s", partial(decode_case, batch=8)),
     "greedy decode 12M fp32 batch 1: minirope static cache + compile vs Llama dynamic": (
         "tokens/s",
         static_compiled_or_dynamic,
@@ -252,24 +255,40 @@ def rope_microbenchmark(reps: int) -> list[dict]:
     return rows
 
 
-# (rows, in, out): decode products of the default and 12M models, and their training products
-LINEAR_SHAPES = [(1, 96, 288), (1, 384, 384), (1, 384, 1024), (2048, 96, 288), (4096, 384, 1024), (4096, 1024, 384)]
+# (rows, in, out): decode products of the default, 12M and 100M models and of a 1B Llama (its MLP), then training
+# products of the default and 12M models
+LINEAR_SHAPES = [(1, 96, 288), (1, 96, 4096), (1, 384, 384), (1, 384, 1024), (1, 384, 4096), (1, 768, 2048),
+                 (8, 768, 2048), (1, 2048, 8192), (2048, 96, 288), (4096, 384, 1024), (4096, 1024, 384)]  # fmt: skip
+FROM_MEMORY_BYTES = 128 * 2**20  # weights cycled through this much memory: several times any CPU's last-level cache
 
 
 def linear_microbenchmark() -> list[dict]:
     """One float32 product `x @ W.T` on `torch.mm`'s BLAS and on oneDNN (the op `MiniRopeLinear` uses where
-    `onednn_linear_enabled`): median microseconds of 30, at the shapes of `LINEAR_SHAPES`. [] without oneDNN."""
+    `use_onednn` says so, shown for inference): median microseconds, at the shapes of `LINEAR_SHAPES`, with the
+    weight in the cache (the same weight again and again) and from memory (copies of it cycled through
+    `FROM_MEMORY_BYTES`, as when decoding a model larger than the cache). [] without oneDNN."""
     if not onednn_available():
         return []
     rows = []
     for m, k, n in LINEAR_SHAPES:
-        x, weight = torch.randn(m, k), torch.randn(n, k)
-        mm = timed(lambda: torch.nn.functional.linear(x, weight), 30) * 1e6  # noqa: B023 (timed runs it now)
-        onednn = timed(lambda: onednn_linear(x, weight), 30) * 1e6  # noqa: B023
-        rows.append({"shape": [m, k, n], "mm_us": mm, "onednn_us": onednn, "onednn_speedup": mm / onednn})
-        print(f"linear {m}x{k}x{n}: torch.mm {mm:9.1f} us  oneDNN {onednn:9.1f} us  oneDNN speed-up {mm / onednn:.2f}x "
-              f"(used here: {onednn_linear_enabled()})", flush=True)  # fmt: skip
+        x, weights = torch.randn(m, k), [torch.randn(n, k) for _ in range(max(2, FROM_MEMORY_BYTES // (4 * n * k)))]
+        row = {"shape": [m, k, n]}
+        for product, label in ((torch.nn.functional.linear, "mm"), (onednn_linear, "onednn")):
+            row[f"{label}_us"] = timed(partial(product, x, weights[0]), 30) * 1e6
+            row[f"{label}_memory_us"] = timed(partial(each_weight, product, x, weights), 5) / len(weights) * 1e6
+        with torch.no_grad():
+            row["minirope_uses_onednn"] = use_onednn(x, weights[0])
+        rows.append(row)
+        used = "oneDNN" if row["minirope_uses_onednn"] else "torch.mm"
+        print(f"linear {m}x{k}x{n}: torch.mm / oneDNN {row['mm_us']:8.1f} / {row['onednn_us']:8.1f} us in cache, "
+              f"{row['mm_memory_us']:8.1f} / {row['onednn_memory_us']:8.1f} us from memory "
+              f"(MiniRopeLinear, inference: {used})", flush=True)  # fmt: skip
     return rows
+
+
+def each_weight(product: Callable, x: torch.Tensor, weights: list[torch.Tensor]) -> None:
+    for weight in weights:
+        product(x, weight)
 
 
 def timed(run: Callable[[], object], reps: int) -> float:

@@ -18,16 +18,48 @@ needs_onednn = pytest.mark.skipif(not onednn_available(), reason="oneDNN linear 
 
 @pytest.fixture
 def onednn(monkeypatch):
-    """The oneDNN path switched on, also on CPUs where minirope leaves it off for speed (AVX2)."""
-    monkeypatch.setattr(kernels, "onednn_linear_enabled", lambda: True)
+    """The oneDNN path switched on for every product, also on CPUs where minirope leaves it off for speed (AVX2)."""
+    monkeypatch.setattr(kernels, "ONEDNN_EVERYWHERE", True)
 
 
 @needs_onednn
 def test_onednn_is_chosen_where_it_was_measured_faster():
-    """On for AVX-512 CPUs, off elsewhere (AVX2: slower per call, docs/performance.md)."""
+    """Every product on AVX-512 CPUs; small ones nowhere else (AVX2: slower per call, docs/performance.md)."""
     avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
     assert kernels.onednn_linear_enabled() == avx512
     assert use_onednn(torch.randn(3, 8), torch.randn(5, 8)) == avx512
+
+
+def ran_on_onednn(run) -> bool:
+    """Whether `run()` called oneDNN's linear (read from the profiler's record of the ops it ran)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        run()
+    return any(event.name == "mkldnn::_linear_pointwise" for event in profile.events())
+
+
+@needs_onednn
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="the decoding rule needs several threads")
+def test_decoding_products_with_large_weights_go_to_onednn_on_any_x86_cpu():
+    """A few rows against a weight of >= 2^19 elements, without gradients: oneDNN's threads read the weight
+    faster than `torch.mm`'s single-threaded product (docs/performance.md), with the same values."""
+    torch.manual_seed(0)
+    layer = MiniRopeLinear(512, kernels.LARGE_WEIGHT // 512)
+    x = torch.randn(2, 8, 512)  # 16 rows: a batch of 16 sequences decoding one token each
+    with torch.no_grad():
+        assert ran_on_onednn(lambda: layer(x))
+        reference = torch.nn.functional.linear(x, layer.weight, layer.bias)
+        torch.testing.assert_close(layer(x), reference, rtol=1e-5, atol=1e-5)
+        assert not ran_on_onednn(lambda: layer(torch.randn(17, 512)))  # more rows: prefill, where torch.mm wins
+        small = MiniRopeLinear(512, kernels.LARGE_WEIGHT // 512 - 1)
+        assert ran_on_onednn(lambda: small(x)) == kernels.onednn_linear_enabled()  # below the size: AVX-512 only
+    assert ran_on_onednn(lambda: layer(x)) == kernels.onednn_linear_enabled()  # training keeps its products
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            assert ran_on_onednn(lambda: layer(x)) == kernels.onednn_linear_enabled()  # one thread: no gain
+    finally:
+        torch.set_num_threads(threads)
 
 
 @needs_onednn

@@ -26,27 +26,60 @@ ONEDNN_AVAILABLE = (
     and torch.backends.mkldnn.is_available()
 )
 AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+ONEDNN_EVERYWHERE = ONEDNN_AVAILABLE and AVX512  # every float32 product, training included (`onednn_linear_enabled`)
 
 
 def onednn_linear_enabled() -> bool:
-    """Whether float32 matrix products on this CPU go to oneDNN (the kernel library behind torch's bf16 products
-    and Inductor's CPU linears) rather than to the BLAS behind `torch.mm`: on x86 CPUs with AVX-512.
+    """Whether every float32 matrix product on this CPU goes to oneDNN (the kernel library behind torch's bf16
+    products and Inductor's CPU linears) rather than to the BLAS behind `torch.mm`: on x86 CPUs with AVX-512.
+    Elsewhere only decoding products with large weights do (`few_rows_large_weight`).
 
     Measured (benchmarks/bench_speed.py, docs/performance.md): on an AVX-512 AMD EPYC, oneDNN ran the narrow
     products of small models 1.6-2.3x faster, forward and backward. On an AVX2-only AMD EPYC (Zen 3, torch 2.13,
     2 threads) it lost almost everywhere: a fixed ~25 us more per call (a `(1, 64) @ (64, 192)` decode product
     took 27.5 us against `torch.mm`'s 4.1 us), 0.84-1.08x `torch.mm`'s speed on 4,096-row training products
     (two runs), and its transposed weight-gradient product 1.3-1.5x the time; so there, products stay on
-    `torch.mm` (`bench_speed.py` prints both at decode and training shapes).
+    `torch.mm` (`bench_speed.py` prints both at decode and training shapes), except the decoding products that
+    `few_rows_large_weight` picks.
     Same products, summed in another order (float32 rounding differences only).
     """
-    return ONEDNN_AVAILABLE and AVX512
+    return ONEDNN_EVERYWHERE
 
 
 def onednn_available() -> bool:
     """Whether this torch can run float32 products on oneDNN here: an x86 CPU, torch built with mkldnn, and
     `MINIROPE_ONEDNN_LINEAR` not set to 0 (read at import: it turns oneDNN off everywhere)."""
     return ONEDNN_AVAILABLE
+
+
+# Inference products of at most this many rows with a weight of at least this many elements (2 MiB in float32) go to
+# oneDNN on every x86 CPU (`few_rows_large_weight`).
+FEW_ROWS = 16
+LARGE_WEIGHT = 2**19
+
+
+def few_rows_large_weight(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `x @ weight.T` is a decoding product (at most `FEW_ROWS` rows, no gradient) with a weight of at least
+    `LARGE_WEIGHT` elements, which oneDNN runs faster than `torch.mm` on any x86 CPU when torch has several threads.
+
+    Such a product reads the whole weight for a few rows: its speed is memory bandwidth. MKL, behind `torch.mm`,
+    runs it on one thread (the same time with 1 and 2 threads); oneDNN spreads it over all of them. Measured on a
+    2-core AVX2 AMD EPYC (torch 2.13.0, 2 threads, weights cycled through 128 MiB so they come from memory, as in
+    decoding a model larger than the cache; benchmarks/bench_speed.py prints these `linear` rows): 1 x 768 x 2048
+    400 -> 243 us, 1 x 384 x 4096 494 -> 272 us, 1 x 2048 x 8192 3.2 -> 1.8 ms, 8 x 2048 x 8192 11.4 -> 4.9 ms;
+    at 256 rows and more `torch.mm` is as fast or faster. oneDNN's ~25 us more per call outweighs the gain below
+    about 2^19 elements, and for weights that stay in the cache (the default model's 96 x 4096 head: 5 % slower
+    decoding). Greedy decoding, whole `generate()` against the same model on `torch.mm`: 100M model 1.11x at batch
+    1 and 1.13x at batch 8, 12M 1.02x (only its head is this large), the default model unchanged (none is).
+    """
+    return (
+        ONEDNN_AVAILABLE
+        and weight.numel() >= LARGE_WEIGHT
+        and not torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+        and x.numel() <= FEW_ROWS * x.shape[-1]
+        and torch.get_num_threads() > 1
+    )
 
 
 def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -60,16 +93,22 @@ def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     which its oneDNN lowering needs); otherwise Inductor chooses its own kernels.
     """
     if not (
-        onednn_linear_enabled()
+        ONEDNN_AVAILABLE
         and x.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
     ):
         return False
     if torch.compiler.is_compiling():
-        return not torch.compiler.is_exporting() and not torch.is_grad_enabled() and inductor_freezes_weights()
+        return (
+            ONEDNN_EVERYWHERE
+            and not torch.compiler.is_exporting()
+            and not torch.is_grad_enabled()
+            and inductor_freezes_weights()
+        )
     return (
-        type(x) in PLAIN_TENSORS
+        (ONEDNN_EVERYWHERE or few_rows_large_weight(x, weight))
+        and type(x) in PLAIN_TENSORS
         and type(weight) in PLAIN_TENSORS
         and not torch.jit.is_tracing()
         and not torch.onnx.is_in_onnx_export()
@@ -122,15 +161,18 @@ def matmul_nt(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
 
 class MiniRopeLinear(nn.Linear):
     """`nn.Linear` (same parameters, init and state-dict keys) whose float32 CPU products run on oneDNN where that
-    was measured faster (`onednn_linear_enabled`: AVX-512 CPUs); elsewhere exactly `nn.Linear`.
+    was measured faster: all of them on AVX-512 CPUs (`onednn_linear_enabled`), decoding products with large weights
+    on any x86 CPU (`few_rows_large_weight`); elsewhere exactly `nn.Linear`.
 
     A subclass, so PEFT, quantization and `isinstance(module, nn.Linear)` checks treat it as a Linear.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not onednn_linear_enabled():  # exactly nn.Linear's forward, with no per-call check
-            return nn.functional.linear(x, self.weight, self.bias)
-        return matmul_nt(x, self.weight, self.bias)
+        # the shape test first: it costs less than reading `self.weight` (~1 us more per call of a small model)
+        large = self.in_features * self.out_features >= LARGE_WEIGHT
+        if ONEDNN_EVERYWHERE or (large and few_rows_large_weight(x, self.weight)):
+            return matmul_nt(x, self.weight, self.bias)
+        return nn.functional.linear(x, self.weight, self.bias)  # exactly nn.Linear's forward
 
 
 class LinearCrossEntropy(torch.autograd.Function):

