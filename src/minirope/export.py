@@ -30,7 +30,7 @@ from transformers import PreTrainedTokenizerBase
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from minirope.convert import half_split_to_interleaved, to_llama
-from minirope.folders import ModelArguments, load_causal_lm
+from minirope.folders import GENERATION_TAG, PRE_TOKENIZER_PATTERN, ModelArguments, load_causal_lm
 from minirope.modeling_minirope import MiniRopeForCausalLM
 
 FORMATS = ("llama", "gguf", "onnx")
@@ -132,8 +132,6 @@ def gguf_pre_tokenizer(tokenizer: PreTrainedTokenizerBase) -> str | None:
     `gpt-2`; with Llama 3's (`Split(PRE_TOKENIZER_PATTERN)` then `ByteLevel(use_regex=False)`: minirope's now, and
     Meta-Llama-3's) it is `llama-bpe`. Any other pre-tokenizer, or another model than BPE: None.
     """
-    from minirope.training.tokenizer import PRE_TOKENIZER_PATTERN
-
     state = json.loads(tokenizer.backend_tokenizer.to_str())
     pre = state.get("pre_tokenizer") or {}
     if state["model"]["type"] != "BPE":
@@ -238,8 +236,6 @@ def export_gguf(model_dir: str | Path, output: str | Path, outtype: str = "f32",
             "eos": probe[-1] == tokenizer.eos_token_id,
         }
         if tokenizer.chat_template:  # `{% generation %}` is transformers' own Jinja tag: llama.cpp's renderers lack it
-            from minirope.training.tokenizer import GENERATION_TAG
-
             special.chat_template = GENERATION_TAG.sub("", tokenizer.chat_template)
         special.add_to_gguf(writer, quiet=True)
 

@@ -40,6 +40,8 @@ import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from minirope.folders import GENERATION_TAG, PRE_TOKENIZER_PATTERN
+
 ROLES = ("system", "user", "assistant")
 CHAT_TOKENS = [f"<|{role}|>" for role in ROLES]
 CHAT_TEMPLATE = (
@@ -59,16 +61,7 @@ CHAT_TEMPLATE = (
 )
 
 
-# transformers' Jinja tags around the tokens an assistant-only loss trains on
-GENERATION_TAG = re.compile(r"\{%-?\s*(end)?generation\s*-?%\}")
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
-# Llama 3's pre-tokenizer regex (Meta-Llama-3-8B's tokenizer.json; llama.cpp's `llama-bpe`): contractions, letters
-# with at most one other character before them, digits in threes, punctuation with the newlines after it, white
-# space ending in newlines, other white space.
-PRE_TOKENIZER_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
-    r"\s+(?!\S)|\s+"
-)
 RESERVED_TOKENS = len(SPECIAL_TOKENS) + len(CHAT_TOKENS) + 256  # special tokens and bytes: the rest are merges
 # Where a text may be cut: a single space or a single newline between two other characters.
 CUT_POINT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")
