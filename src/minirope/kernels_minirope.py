@@ -169,9 +169,9 @@ class MiniRopeLinear(nn.Linear):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # plain attributes tested first: a small model's products stay as cheap to call as nn.Linear's
-        large = self.in_features * self.out_features >= LARGE_WEIGHT
-        if ONEDNN_EVERYWHERE or (large and few_rows_large_weight(x, self.weight)):
+        # a layer below `LARGE_WEIGHT` never qualifies off AVX-512: tested on plain attributes, its products cost
+        # no more to call than nn.Linear's; a larger one lets `use_onednn` (in `matmul_nt`) decide, once
+        if ONEDNN_EVERYWHERE or self.in_features * self.out_features >= LARGE_WEIGHT:
             return matmul_nt(x, self.weight, self.bias)
         return nn.functional.linear(x, self.weight, self.bias)  # exactly nn.Linear's forward
 
