@@ -1,7 +1,10 @@
 """End to end: minirope-pretrain writes a Hugging Face folder that the Auto classes load and that generates."""
 
+import contextlib
+import io
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -17,7 +20,10 @@ from minirope.commands import pretrain
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("run")
-    metrics = pretrain.run([*TINY_RUN, "--output_dir", str(output_dir)])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        metrics = pretrain.run([*TINY_RUN, "--output_dir", str(output_dir)])
+    (output_dir / "printed.txt").write_text(printed.getvalue())
     return output_dir, metrics
 
 
@@ -54,6 +60,12 @@ def test_writes_a_complete_hugging_face_folder(tiny_run):
     # evaluations and checkpoints
     runtime = json.loads((output_dir / "train_results.json").read_text())["train_runtime"]
     assert 0 < summary["train_seconds"] < runtime
+    # the printed budget line multiplies the peak the summary records (as the speed line prints it, when the run is
+    # long enough to have one) and prints the summary's budget
+    printed = (output_dir / "printed.txt").read_text()
+    budget_line = re.search(r"compute budget: \d+ s of training .* x the (\d+) GFLOP/s matmul peak = ([\d,]+)", printed)
+    assert budget_line.group(1) == f"{summary['matmul_peak_tflops'] * 1e3:.0f}"
+    assert int(budget_line.group(2).replace(",", "")) == summary["budget_gflop_seconds"]
     # bits per byte = nats per token x tokens / bytes / ln 2, bytes counted from the scored tokens' text
     nats = metrics["eval_nats_per_token"] * metrics["eval_scored_tokens"]
     assert metrics["eval_bits_per_byte"] == pytest.approx(nats / metrics["eval_scored_bytes"] / math.log(2))

@@ -376,7 +376,7 @@ def report(trainer, data_args, start, throughput, train_metrics, eval_metrics, t
         )
     lines.append(
         f"compute budget: {summary['train_seconds']:.0f} s of training (evaluation and checkpoints left out) x the "
-        f"{throughput.peak_flops / 1e9:.0f} GFLOP/s matmul peak = {summary['budget_gflop_seconds']:,} GFLOP-s "
+        f"{summary['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s matmul peak = {summary['budget_gflop_seconds']:,} GFLOP-s "
         f"(the figure that travels between machines: docs/recipe.md)"
     )
     lines += [
