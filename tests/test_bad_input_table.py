@@ -253,6 +253,9 @@ CASES = [
     (FINETUNE, [*F, "--train_file", "{w}/chat-empty.jsonl", *VC], "{w}/chat-empty.jsonl line 2: 'messages' must be"),
     (FINETUNE, [*F, "--train_file", "{w}/chat-no-answer.jsonl", *VC], "chat-no-answer.jsonl line 1: no assistant turn"),
     (FINETUNE, [*F, "--train_file", "{w}/chat.jsonl", *V], "mix conversations ({w}/chat.jsonl) and text"),
+    (FINETUNE, [*F, "--train_file", "{w}/chat.jsonl"], "Give both --train_file and --validation_file"),
+    (FINETUNE, [*F, "--train_file", "{w}/pairs.jsonl"], "Give both --train_file and --validation_file"),
+    (FINETUNE, [*F, "--train_file", "{w}/train.txt"], "Give both --train_file and --validation_file"),
     (
         FINETUNE,
         [*F, "--train_file", "{w}/pairs.jsonl", *V],

@@ -11,6 +11,7 @@ from conftest import tiny_config
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 
 from minirope import MiniRopeForCausalLM
+from minirope.compat_minirope import cache_keyword, cache_of
 from minirope.convert import SHARED_FIELDS
 
 
@@ -18,12 +19,12 @@ def forwards_on_meta(model, config) -> None:
     """A prefill longer than `max_position_embeddings` (32) into a DynamicCache, a decode step, a training loss, and
     a StaticCache prefill, all on the meta device."""
     ids = torch.zeros((2, 40), dtype=torch.long, device="meta")
-    prefill = model(input_ids=ids, past_key_values=DynamicCache(config=config), use_cache=True)
+    prefill = model(input_ids=ids, **cache_keyword(DynamicCache(config=config)), use_cache=True)
     assert prefill.logits.shape == (2, 40, config.vocab_size)
-    step = model(input_ids=ids[:, :1], past_key_values=prefill.past_key_values, use_cache=True)
+    step = model(input_ids=ids[:, :1], **cache_keyword(cache_of(prefill)), use_cache=True)
     assert step.logits.shape == (2, 1, config.vocab_size)
     assert model(input_ids=ids, labels=ids).loss.shape == ()
-    model(input_ids=ids[:, :8], past_key_values=StaticCache(config=config, max_cache_len=16), use_cache=True)
+    model(input_ids=ids[:, :8], **cache_keyword(StaticCache(config=config, max_cache_len=16)), use_cache=True)
 
 
 @pytest.mark.parametrize("family", ["llama", "minirope"])

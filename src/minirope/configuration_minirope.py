@@ -54,7 +54,7 @@ class MiniRopeConfig(PreTrainedConfig):
     """
 
     model_type = "minirope"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
     base_model_tp_plan = {
         "layers.*.self_attn.q_proj": "colwise",
         "layers.*.self_attn.k_proj": "colwise",

@@ -10,7 +10,8 @@ Shapes use: B batch, T query length, S key length (cache + T), H query heads, K 
 d head_dim, D hidden_size, V vocab_size.
 
 This file reads like the paper: RoPE itself is in `rotary_minirope.py`, the CPU fast paths in
-`kernels_minirope.py`, the loading rules in `loading_minirope.py`. It imports only torch, transformers and those
+`kernels_minirope.py`, the loading rules in `loading_minirope.py`, the cache keyword of the installed transformers
+(`cache`, formerly `past_key_values`) in `compat_minirope.py`. It imports only torch, transformers and those
 files, so that `save_pretrained` ships all of them as remote code.
 """
 
@@ -36,6 +37,7 @@ from transformers.utils import TransformersKwargs
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
+from .compat_minirope import cache_argument, cache_keyword, cache_of
 from .configuration_minirope import MiniRopeConfig
 from .kernels_minirope import MiniRopeLinear, embed_token_ids, fused_causal_lm_loss
 from .loading_minirope import MiniRopeLoadingMixin
@@ -128,7 +130,7 @@ class MiniRopeAttention(nn.Module):
         hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`(B, T, D)` -> `((B, T, D), attention weights (B, H, T, S) or None)`."""
@@ -142,8 +144,8 @@ class MiniRopeAttention(nn.Module):
         cos, sin = position_embeddings
         query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
 
-        if past_key_values is not None:
-            key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+        if cache is not None:
+            key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -191,7 +193,7 @@ class MiniRopeDecoderLayer(GradientCheckpointingLayer):
         hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         residual = hidden_states
@@ -199,7 +201,7 @@ class MiniRopeDecoderLayer(GradientCheckpointingLayer):
             self.input_layernorm(hidden_states),
             position_embeddings=position_embeddings,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             **kwargs,
         )
         hidden_states = residual + hidden_states
@@ -214,7 +216,7 @@ class MiniRopePreTrainedModel(MiniRopeLoadingMixin, PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["MiniRopeDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["cache", "past_key_values"]
     _supports_flash_attn = True
     _supports_sdpa = True
     _supports_flex_attn = True
@@ -260,7 +262,7 @@ class MiniRopeModel(MiniRopePreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
@@ -274,23 +276,26 @@ class MiniRopeModel(MiniRopePreTrainedModel):
             position_ids: `(B, T)` int64 positions m used for RoPE; default `past_len .. past_len + T - 1`.
                 With left padding, `generate()` passes `cumsum(attention_mask) - 1`, so each sequence starts
                 at position 0 whatever its padding.
-            past_key_values: a transformers `Cache` (e.g. `DynamicCache`, `StaticCache`) to read and extend.
+            cache: a transformers `Cache` (e.g. `DynamicCache`, `StaticCache`) to read and extend. Also taken as
+                `past_key_values`, its name before transformers 5.24 (which `generate()` of 5.23 passes).
             use_cache: create and return a `DynamicCache` when none is given.
 
         Returns:
-            `BaseModelOutputWithPast` with `last_hidden_state` `(B, T, D)` and `past_key_values`.
+            `BaseModelOutputWithPast` with `last_hidden_state` `(B, T, D)` and the cache, in the field the installed
+            transformers declares (`cache`; `past_key_values` before 5.24).
 
         Raises:
-            ValueError: if both or neither of `input_ids` and `inputs_embeds` are given, or (CPU tensors) an id
-                is outside `[0, vocab_size)`.
+            ValueError: if both or neither of `input_ids` and `inputs_embeds` are given, both `cache` and
+                `past_key_values`, or (CPU tensors) an id is outside `[0, vocab_size)`.
         """
+        cache = cache_argument(cache, kwargs)
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         if inputs_embeds is None:
             inputs_embeds = embed_token_ids(self.embed_tokens, input_ids, self.config.vocab_size)
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        past_seen_tokens = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        past_seen_tokens = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
             position_ids = position_ids.unsqueeze(0)
@@ -301,8 +306,8 @@ class MiniRopeModel(MiniRopePreTrainedModel):
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
             position_ids=position_ids,
+            **cache_keyword(cache),
         )
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
@@ -312,10 +317,10 @@ class MiniRopeModel(MiniRopePreTrainedModel):
                 position_embeddings=position_embeddings,
                 attention_mask=causal_mask,
                 position_ids=position_ids,
-                past_key_values=past_key_values,
+                cache=cache,
                 **kwargs,
             )
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), **cache_keyword(cache))
 
 
 class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
@@ -338,7 +343,7 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -349,7 +354,7 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
         """Next-token logits, and the language-modelling loss when `labels` are given.
 
         Args:
-            input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, use_cache: as in
+            input_ids, attention_mask, position_ids, cache (or `past_key_values`), inputs_embeds, use_cache: as in
                 `MiniRopeModel.forward`.
             labels: `(B, T)` int64 targets aligned with `input_ids` (shifted inside the loss); -100 is ignored.
             logits_to_keep: compute logits only for the last N positions (0 = all), or for given indices.
@@ -363,15 +368,16 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
             and `loss`, a scalar mean cross-entropy in nats per predicted token.
 
         Raises:
-            ValueError: `skip_logits=True` without `labels`.
+            ValueError: `skip_logits=True` without `labels`; both `cache` and `past_key_values`.
         """
+        cache = cache_argument(cache, kwargs)
         if skip_logits and labels is None:
             raise ValueError("skip_logits=True returns only the loss: pass labels, or drop skip_logits.")
         outputs: BaseModelOutputWithPast = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             **kwargs,
@@ -380,7 +386,7 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
         if loss is not None:  # None where the head cannot be fused: then logits, as without skip_logits
             return CausalLMOutputWithPast(
                 loss=loss,
-                past_key_values=outputs.past_key_values,
+                **cache_keyword(cache_of(outputs)),
                 hidden_states=outputs.hidden_states,
                 attentions=outputs.attentions,
             )
@@ -391,7 +397,7 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **cache_keyword(cache_of(outputs)),
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )

@@ -158,6 +158,11 @@ def datasets_and_collator(data_args: FinetuneDataArguments, tokenizer, seed: int
     Raises:
         ValueError, OSError: no data or two sources, files of mixed kinds, or a bad file (naming it).
     """
+    if bool(data_args.train_file) != bool(data_args.validation_file):
+        raise ValueError(
+            "Give both --train_file and --validation_file (held-out rows of the same kind), or neither: the "
+            "model is evaluated before and after fine-tuning."
+        )
     kind = data_args.kind
     if kind == "prompt_completion":
         train, validation = prompt_completion_examples(

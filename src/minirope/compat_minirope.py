@@ -1,0 +1,42 @@
+"""The one place where minirope's model files meet a rename in transformers: the KV cache's keyword.
+
+transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache` (model forwards,
+`create_causal_mask`, `BaseModelOutputWithPast`, `generate()`'s calls); 5.23 uses `past_key_values`. A saved
+folder's model files run as remote code under whatever transformers its user has, so they name the cache `cache`
+(the current name) and translate here, feature-detected from transformers itself (the field its output class
+declares), never from a version string.
+
+Shipped with `modeling_minirope.py` as remote code: imports only torch and transformers.
+"""
+
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import BaseModelOutputWithPast
+
+# The keyword transformers' own functions and output classes take for the cache: "cache" (5.24 and later) or
+# "past_key_values" (5.23).
+CACHE_NAME = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def cache_argument(cache: Cache | None, kwargs: dict) -> Cache | None:
+    """The cache a caller passed, as `cache` or as `past_key_values` (the name transformers 5.23's `generate()` and
+    older user code use); the old name is removed from `kwargs` so it travels no further.
+
+    Raises:
+        ValueError: both names given.
+    """
+    legacy = kwargs.pop("past_key_values", None)
+    if legacy is None:
+        return cache
+    if cache is not None:
+        raise ValueError("Pass the KV cache once: as `cache` (or `past_key_values`, its older name), not both.")
+    return legacy
+
+
+def cache_keyword(cache: Cache | None) -> dict:
+    """`{CACHE_NAME: cache}`: the cache as a keyword for a transformers function or output class of this version."""
+    return {CACHE_NAME: cache}
+
+
+def cache_of(output: BaseModelOutputWithPast) -> Cache | None:
+    """The cache an output of this transformers version carries (its `cache` or `past_key_values` field)."""
+    return getattr(output, CACHE_NAME)
