@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import torch
-from conftest import left_padded_batch, random_model, tiny_config
+from conftest import left_padded_batch, llama_twin, random_model, tiny_config
 from datasets import Dataset
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import LlamaForCausalLM, Trainer, TrainingArguments, default_data_collator
@@ -60,13 +60,16 @@ def test_folder_loads_as_remote_code_where_minirope_is_not_importable(tmp_path):
         "kernels_minirope.py",
         "rotary_minirope.py",
         "loading_minirope.py",
+        "compat_minirope.py",
     )
     for name in shipped:  # shipped unchanged
         assert filecmp.cmp(tmp_path / "model" / name, package / name, shallow=False), name
 
     script = textwrap.dedent(
         f"""
-        import sys
+        import sys, warnings
+        # the shipped code calls no deprecated transformers API (e.g. a renamed cache keyword)
+        warnings.filterwarnings("error", category=FutureWarning, module="transformers_modules")
         sys.modules["minirope"] = None  # any `import minirope` now raises ImportError
         try:
             import minirope
@@ -88,12 +91,20 @@ def test_folder_loads_as_remote_code_where_minirope_is_not_importable(tmp_path):
         inputs = torch.load({str(tmp_path / "inputs.pt")!r})
         with torch.no_grad():
             torch.save(model(**inputs).logits, {str(tmp_path / "logits.pt")!r})
+        settings = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False, pad_token_id=0)
+        cached = model.generate(**inputs, **settings)
+        assert torch.equal(cached, model.generate(**inputs, use_cache=False, **settings)), "the cache changed tokens"
+        torch.save(cached, {str(tmp_path / "tokens.pt")!r})
         """
     )
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert torch.equal(torch.load(tmp_path / "logits.pt"), logits(model, input_ids, attention_mask))
+    settings = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False, pad_token_id=0)
+    want = model.generate(input_ids, attention_mask=attention_mask, **settings)
+    assert torch.equal(torch.load(tmp_path / "tokens.pt"), want)
+    assert torch.equal(want, llama_twin(model).generate(input_ids, attention_mask=attention_mask, **settings))
 
 
 def test_lora_trains_saves_reloads_and_merges(tmp_path):

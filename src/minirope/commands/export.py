@@ -49,7 +49,29 @@ def run(argv: list[str] | None = None) -> Path:
     else:
         path = export_llama(args.model, args.output, args.overwrite)
     print(f"minirope-export: wrote {path}", file=sys.stderr)
+    if args.format == "gguf" and args.outtype in AMX_OUTTYPES and cpu_has_amx():
+        print(AMX_NOTE, file=sys.stderr)
     return path
+
+
+# llama.cpp repacks quantized weights into its AMX kernels where it was built with AMX (its system info shows
+# `AMX_INT8 = 1`), and those kernels have segfaulted on Sapphire Rapids (ggml-org/llama.cpp#20824, open); f16 and f32
+# weights do not take that path.
+AMX_OUTTYPES = ("q8_0",)
+AMX_NOTE = (
+    "minirope-export: note: this CPU has AMX. A llama.cpp built with its AMX kernels (system info `AMX_INT8 = 1`) "
+    "has crashed running q8_0 models on Sapphire Rapids (ggml-org/llama.cpp#20824). If yours does, export "
+    "--outtype f16, or build llama-cpp-python without AMX: CFLAGS=-mno-amx-int8 CXXFLAGS=-mno-amx-int8 pip install "
+    "--no-cache-dir --force-reinstall llama-cpp-python (as `make test` builds it)."
+)
+
+
+def cpu_has_amx() -> bool:
+    """Whether the kernel reports the AMX int8 extension on this CPU (Linux `/proc/cpuinfo`; False elsewhere)."""
+    try:
+        return " amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
 
 
 def main() -> None:
