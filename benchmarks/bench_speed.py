@@ -50,7 +50,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from minirope import MiniRopeConfig, MiniRopeForCausalLM, MiniRopeRotaryEmbedding
 from minirope.convert import to_llama
 from minirope.kernels_minirope import onednn_available, onednn_linear, use_onednn
-from minirope.training.arguments import bf16_is_faster, reuse_freed_memory
+from minirope.training.arguments import choose_bf16, reuse_freed_memory
 from minirope.training.throughput import matmul_peak_flops
 
 RESULTS = Path(__file__).parent / "results"
@@ -383,8 +383,10 @@ def main() -> None:
     names = [name for name in CASES if case_size(name) in args.sizes]
     if args.skip_compile:
         names = [name for name in names if "compile" not in name]
-    if not bf16_is_faster(torch.device("cpu")):
-        print("bf16 rows skipped: this CPU emulates bf16 products (slower than float32; no AVX-512 BF16/AMX)")
+    bf16, precision = choose_bf16(torch.device("cpu"))
+    print(precision)
+    if not bf16:
+        print("bf16 rows skipped: bf16 products are not clearly faster than float32 on this CPU (emulated bf16)")
         names = [name for name in names if "bf16" not in name]
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = [compare(name, args.reps, not args.skip_memory) for name in names]

@@ -246,6 +246,23 @@ def test_a_crash_in_llama_cpp_fails_one_test_and_the_suite_goes_on(tmp_path):
         llama_cpp(path, [("specials",)])
 
 
+def test_q8_0_export_on_an_amx_cpu_says_what_llama_cpp_may_do_and_what_to_use(
+    client_model, tmp_path, monkeypatch, capsys
+):
+    from minirope.commands import export
+
+    monkeypatch.setattr(export, "cpu_has_amx", lambda: True)
+    export.run(["--model", str(client_model), "--format", "gguf", "--output", str(tmp_path / "q8.gguf"), "--outtype",
+                "q8_0"])  # fmt: skip
+    note = capsys.readouterr().err
+    assert "llama.cpp#20824" in note and "--outtype f16" in note and "-mno-amx-int8" in note
+    export.run(["--model", str(client_model), "--format", "gguf", "--output", str(tmp_path / "f16.gguf"), "--outtype",
+                "f16"])  # fmt: skip
+    assert "AMX" not in capsys.readouterr().err  # f16 weights never take llama.cpp's AMX path
+    monkeypatch.undo()
+    assert export.cpu_has_amx() == (" amx_int8" in open("/proc/cpuinfo").read())
+
+
 def test_export_refuses_what_it_cannot_write(client_model, tmp_path):
     export_llama(client_model, tmp_path / "out")
     with pytest.raises(FileExistsError, match="--overwrite"):

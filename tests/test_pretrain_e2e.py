@@ -13,8 +13,9 @@ import torch
 from conftest import TINY_RUN
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
-from minirope import MiniRopeForCausalLM
+from minirope import MiniRopeConfig, MiniRopeForCausalLM
 from minirope.commands import pretrain
+from minirope.training.throughput import training_flops_per_token
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +64,15 @@ def test_writes_a_complete_hugging_face_folder(tiny_run):
     # the printed budget line multiplies the peak the summary records (as the speed line prints it, when the run is
     # long enough to have one) and prints the summary's budget
     printed = (output_dir / "printed.txt").read_text()
-    budget_line = re.search(r"compute budget: \d+ s of training .* x the (\d+) GFLOP/s matmul peak = ([\d,]+)", printed)
+    budget_line = re.search(r"\d+ s of training .* x the (\d+) GFLOP/s matmul peak = ([\d,]+)", printed)
     assert budget_line.group(1) == f"{summary['matmul_peak_tflops'] * 1e3:.0f}"
     assert int(budget_line.group(2).replace(",", "")) == summary["budget_gflop_seconds"]
+    # the compute in model FLOPs, which travel between machines: flops per token x the tokens trained
+    config_obj = MiniRopeConfig(**{key: config[key] for key in ("vocab_size", "hidden_size", "intermediate_size",
+                                    "num_hidden_layers", "num_attention_heads", "num_key_value_heads")})  # fmt: skip
+    want = training_flops_per_token(config_obj, 32) * summary["train_tokens"]
+    assert summary["train_model_flops"] == pytest.approx(want) and summary["train_tokens"] == 6 * 4 * 32
+    assert f"training compute: {want / 1e12:.3g} model TFLOPs" in printed
     # bits per byte = nats per token x tokens / bytes / ln 2, bytes counted from the scored tokens' text
     nats = metrics["eval_nats_per_token"] * metrics["eval_scored_tokens"]
     assert metrics["eval_bits_per_byte"] == pytest.approx(nats / metrics["eval_scored_bytes"] / math.log(2))

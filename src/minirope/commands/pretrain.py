@@ -363,6 +363,7 @@ def report(trainer, data_args, start, throughput, train_metrics, eval_metrics, t
         f"nats/token, perplexity {summary['validation_perplexity']:.2f}, "
         f"{summary['validation_bits_per_byte']:.4f} bits/byte"
     ]
+    summary["train_model_flops"] = throughput.flops_per_token * tokens  # the compute that travels between machines
     summary["train_seconds"] = round(throughput.training_seconds, 1)  # evaluations and checkpoints left out
     summary["matmul_peak_tflops"] = round(throughput.peak_flops / 1e12, 4)
     summary["budget_gflop_seconds"] = round(summary["train_seconds"] * summary["matmul_peak_tflops"] * 1e3)
@@ -375,9 +376,11 @@ def report(trainer, data_args, start, throughput, train_metrics, eval_metrics, t
             f"rate stopped rising; best of before and after training)"
         )
     lines.append(
-        f"compute budget: {summary['train_seconds']:.0f} s of training (evaluation and checkpoints left out) x the "
+        f"training compute: {summary['train_model_flops'] / 1e12:.3g} model TFLOPs ({tokens:,} tokens x "
+        f"{throughput.flops_per_token / 1e6:.1f} MFLOPs each: the same on every machine) in "
+        f"{summary['train_seconds']:.0f} s of training (evaluation and checkpoints left out); x the "
         f"{summary['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s matmul peak = {summary['budget_gflop_seconds']:,} GFLOP-s "
-        f"(the figure that travels between machines: docs/recipe.md)"
+        f"(this machine's figure: a small model fills a fast CPU's products less well)"
     )
     lines += [
         f"model written to {start.output_dir}/ (load it with AutoModelForCausalLM.from_pretrained)",

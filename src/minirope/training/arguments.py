@@ -1,13 +1,14 @@
 """The training commands' `TrainingArguments`, how command lines are parsed, and what every run does first.
 
-Defaults decided for the machine at hand, each by measurement: bf16 where bf16 matrix products are faster than
-float32 ones (`bf16_is_faster`), `torch.compile` where bf16 runs, eager attention where a CPU run compiles, and glibc
+Defaults decided for the machine at hand, each by measurement: bf16 where bf16 matrix products are clearly faster
+than float32 ones (`choose_bf16`), `torch.compile` where bf16 runs, eager attention where a CPU run compiles, and glibc
 keeping freed memory for the next step (`reuse_freed_memory`).
 """
 
 import ctypes
 import ctypes.util
 import json
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,26 +21,56 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from minirope.training.checkpoints import resolve_resume
 from minirope.training.optimizers import MUON_MOMENTUM
 
+# bf16 is chosen on a CPU only where its products beat float32's by this factor (median of PRECISION_REPS timings of
+# a training-shaped product each): a CPU with native bf16 (AVX512_BF16, AMX) measures 2-4x, one without emulates it
+# 100x or more slower, so no busy moment of a shared host moves a CPU across the line.
+BF16_MARGIN = 1.5
+PRECISION_REPS = 11
+PRECISION_WARMUP = 3  # rounds left out: the first bf16 product also builds oneDNN's kernel for the shape
+PRECISION_SHAPE = (1024, 256, 768)  # rows x inner x out: a decoder product of a small model's training step
 
-def bf16_is_faster(device: torch.device, size: int = 512) -> bool:
-    """Whether bf16 matrix products beat float32 ones on `device`, timed on one `(size, size)` product each.
 
-    On CUDA, whether the GPU supports bf16. CPUs differ by two orders of magnitude: with AVX-512 BF16 or AMX,
-    bf16 products run about 4x faster than float32; without them (e.g. AMD Zen 3, AVX2 only) PyTorch emulates
-    bf16 about 150x slower (measured on this project's machines: 132 vs 0.9 GFLOP/s).
+def bf16_speedup(device: torch.device) -> float | None:
+    """How many times faster bf16 matrix products run than float32 ones on `device` (a CPU), or None elsewhere.
+
+    Times a `PRECISION_SHAPE` product in each dtype, alternating, `PRECISION_REPS` times after `PRECISION_WARMUP`
+    rounds, and compares the medians; a warm-up round where bf16 is over 10x slower settles it at once (emulated bf16:
+    the rest would take seconds).
+    """
+    if device.type != "cpu":
+        return None
+    rows, inner, out = PRECISION_SHAPE
+    operands = {dtype: (torch.randn(rows, inner, dtype=dtype), torch.randn(inner, out, dtype=dtype)) for dtype in
+                (torch.float32, torch.bfloat16)}  # fmt: skip
+    seconds = {dtype: [] for dtype in operands}
+    for rep in range(PRECISION_WARMUP + PRECISION_REPS):
+        for dtype, (a, b) in operands.items():
+            start = time.perf_counter()
+            a @ b
+            seconds[dtype].append(time.perf_counter() - start)
+        if rep == PRECISION_WARMUP - 1 and seconds[torch.bfloat16][-1] > 10 * seconds[torch.float32][-1]:
+            break
+    medians = {dtype: statistics.median(times[PRECISION_WARMUP - 1 :]) for dtype, times in seconds.items()}
+    return medians[torch.float32] / medians[torch.bfloat16]
+
+
+def choose_bf16(device: torch.device) -> tuple[bool, str]:
+    """The default precision on `device`, and the line that says why.
+
+    On CUDA, bf16 where the GPU supports it; on other accelerators float32; on a CPU, bf16 where its products run at
+    least `BF16_MARGIN` times faster than float32's (`bf16_speedup`), else float32.
     """
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type != "cpu":
-        return False
-    seconds = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        a = torch.randn(size, size, dtype=dtype)
-        a @ a  # warm-up
-        start = time.perf_counter()
-        a @ a
-        seconds[dtype] = time.perf_counter() - start
-    return seconds[torch.bfloat16] < seconds[torch.float32]
+        supported = torch.cuda.is_bf16_supported()
+        return supported, f"precision: {'bf16' if supported else 'float32'} (bf16 supported by this GPU: {supported})"
+    speedup = bf16_speedup(device)
+    if speedup is None:
+        return False, f"precision: float32 (the default on {device.type})"
+    bf16 = speedup >= BF16_MARGIN
+    return bf16, (
+        f"precision: {'bf16' if bf16 else 'float32'} (bf16 products {speedup:.2g}x float32's on this CPU; bf16 from "
+        f"{BF16_MARGIN}x; --bf16 True/False decides instead)"
+    )
 
 
 OPTIM_HIDDEN_HELP = (
@@ -67,8 +98,8 @@ class MiniRopeTrainingArguments(TrainingArguments):
     bf16: bool | None = field(
         default=None,
         metadata={
-            "help": "bf16 mixed precision. Default: on where bf16 matrix products are faster than float32 "
-            "(timed at start; see minirope.training.arguments.bf16_is_faster), else float32."
+            "help": "bf16 mixed precision. Default: on where bf16 matrix products run 1.5x faster than float32 ones "
+            "or more (timed at start, printed; see minirope.training.arguments.choose_bf16), else float32."
         },
     )
     use_cpu: bool | None = field(
@@ -85,9 +116,10 @@ class MiniRopeTrainingArguments(TrainingArguments):
     def __post_init__(self) -> None:
         if self.use_cpu is None:  # with an accelerator, Trainer/accelerate place the model on it
             self.use_cpu = not torch.accelerator.is_available()
+        self.precision_line = None  # the line that says why, when the precision was chosen here
         if self.bf16 is None:
             device = torch.device("cpu") if self.use_cpu else torch.accelerator.current_accelerator()
-            self.bf16 = bf16_is_faster(device)
+            self.bf16, self.precision_line = choose_bf16(device)
         if self.torch_compile is None:  # a script's "decide for me" default: compile where bf16 runs
             self.torch_compile = self.bf16
         super().__post_init__()
@@ -220,6 +252,8 @@ def start_run(dataclass_types: tuple, argv: list[str] | None = None) -> tuple:
     started = time.perf_counter()
     *arguments, training_args = parse_cli_args(dataclass_types, argv)
     set_seed(training_args.seed)
+    if training_args.precision_line:  # chosen here, not by a flag: said before any work
+        print(f"[minirope] {training_args.precision_line}; torch.compile: {training_args.torch_compile}")
     if training_args.device.type == "cpu":
         reuse_freed_memory()
     run = RunStart(started, Path(training_args.output_dir), resolve_resume(training_args))
