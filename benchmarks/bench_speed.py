@@ -11,12 +11,13 @@ process per measurement matters: the allocator keeps freed pages, so a second ca
 
 Cases: a training step (forward + backward + AdamW; minirope with `skip_logits=True`, as `MiniRopeTrainer`
 calls it) in fp32 and in bf16 autocast at ~1M, 12M and 100M parameters; prefill; greedy decode at batch
-1 and 8 with the default dynamic cache; minirope with a static cache and a compiled forward
+1 and 8 with the default dynamic cache (both models run `nn.Linear`'s products), and again with minirope's decoding
+products on oneDNN where this machine measures it faster (`use_measured_products`, as `minirope-generate` does);
+minirope with a static cache and a compiled forward
 (`torch.compile` with Inductor's `freezing`, its CPU inference mode) against Llama's dynamic-cache decode;
 a RoPE microbenchmark (cos/sin cache gather vs recomputing cos/sin from positions) at 128..8192 tokens;
 one float32 product on torch.mm and on oneDNN at decode and training shapes, its weight in the cache and from
-memory (the measurements behind `onednn_linear_enabled`, every product on oneDNN on AVX-512 CPUs, and
-`few_rows_large_weight`, decoding products with large weights on oneDNN on any x86 CPU).
+memory (what `use_measured_products` weighs, here for more shapes).
 Scaling curves (PNG): training step time vs sequence length at a fixed 4096 tokens per step, and greedy
 decode time per token vs context length.
 
@@ -25,7 +26,9 @@ both models: with glibc's default, each process's allocation history decides whi
 buffers back in, and bf16 ratios moved between 0.97 and 1.29 from one process to the next.
 `--default_allocator` measures without it.
 
-Writes benchmarks/results/speed.json and benchmarks/results/scaling.png and prints a markdown table.
+Writes benchmarks/results/speed.json and benchmarks/results/scaling.png, adds one line for this machine to
+benchmarks/results/speed_by_cpu.jsonl (the CPU, torch, and every ratio: rows from other machines accumulate there),
+and prints a markdown table.
 """
 
 import argparse
@@ -49,7 +52,8 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM, MiniRopeRotaryEmbedding
 from minirope.convert import to_llama
-from minirope.kernels_minirope import onednn_available, onednn_linear, use_onednn
+from minirope.cpu_products import available as onednn_available
+from minirope.cpu_products import onednn_linear, use_measured_products
 from minirope.training.arguments import choose_bf16, reuse_freed_memory
 from minirope.training.throughput import matmul_peak_flops
 
@@ -131,6 +135,14 @@ def compiled_static(model: MiniRopeForCausalLM) -> MiniRopeForCausalLM:
     return model
 
 
+def measured_or_plain(model, batch: int) -> Callable[[], int]:
+    """minirope: decoding products on oneDNN where this machine measured it faster (`use_measured_products`, what
+    `minirope-generate` does); Llama: its own products."""
+    if isinstance(model, MiniRopeForCausalLM):
+        print(f"  measured products on oneDNN: {sorted(use_measured_products(model))}", flush=True)
+    return decode_case(model, batch)
+
+
 def static_compiled_or_dynamic(model) -> Callable[[], int]:
     """minirope: static cache + compiled forward; Llama: its default dynamic cache (the target's baseline)."""
     if isinstance(model, MiniRopeForCausalLM):
@@ -151,6 +163,12 @@ CASES |= {
     "greedy decode 12M fp32 batch 8, dynamic cache": ("tokens/s", partial(decode_case, batch=8)),
     "greedy decode 100M fp32 batch 1, dynamic cache": ("tokens/s", partial(decode_case, batch=1)),
     "greedy decode 100M fp32 batch 8, dynamic cache": ("tokens/s", partial(decode_case, batch=8)),
+}
+CASES |= {
+    f"greedy decode {size} fp32 batch {batch}, measured products": ("tokens/s", partial(measured_or_plain, batch=batch))
+    for size, batch in (("default", 1), ("12M", 1), ("12M", 8), ("100M", 1), ("100M", 8))
+}
+CASES |= {
     "greedy decode 12M fp32 batch 1: minirope static cache + compile vs Llama dynamic": (
         "tokens/s",
         static_compiled_or_dynamic,
@@ -263,9 +281,9 @@ FROM_MEMORY_BYTES = 128 * 2**20  # weights cycled through this much memory: seve
 
 
 def linear_microbenchmark() -> list[dict]:
-    """One float32 product `x @ W.T` on `torch.mm`'s BLAS and on oneDNN (the op `MiniRopeLinear` uses where
-    `use_onednn` says so, shown for inference): median microseconds, at the shapes of `LINEAR_SHAPES`, with the
-    weight in the cache (the same weight again and again) and from memory (copies of it cycled through
+    """One float32 product `x @ W.T` on `torch.mm`'s BLAS and on oneDNN (the op `use_measured_products` moves
+    decoding products to where it measures it faster): median microseconds, at the shapes of `LINEAR_SHAPES`, with
+    the weight in the cache (the same weight again and again) and from memory (copies of it cycled through
     `FROM_MEMORY_BYTES`, as when decoding a model larger than the cache). [] without oneDNN."""
     if not onednn_available():
         return []
@@ -276,13 +294,9 @@ def linear_microbenchmark() -> list[dict]:
         for product, label in ((torch.nn.functional.linear, "mm"), (onednn_linear, "onednn")):
             row[f"{label}_us"] = timed(partial(product, x, weights[0]), 30) * 1e6
             row[f"{label}_memory_us"] = timed(partial(each_weight, product, x, weights), 5) / len(weights) * 1e6
-        with torch.no_grad():
-            row["minirope_uses_onednn"] = use_onednn(x, weights[0])
         rows.append(row)
-        used = "oneDNN" if row["minirope_uses_onednn"] else "torch.mm"
         print(f"linear {m}x{k}x{n}: torch.mm / oneDNN {row['mm_us']:8.1f} / {row['onednn_us']:8.1f} us in cache, "
-              f"{row['mm_memory_us']:8.1f} / {row['onednn_memory_us']:8.1f} us from memory "
-              f"(MiniRopeLinear, inference: {used})", flush=True)  # fmt: skip
+              f"{row['mm_memory_us']:8.1f} / {row['onednn_memory_us']:8.1f} us from memory", flush=True)  # fmt: skip
     return rows
 
 
@@ -375,6 +389,7 @@ def main() -> None:
         help="leave glibc's default of returning freed memory to the OS (the training scripts keep it)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "speed.json")
+    parser.add_argument("--rows", type=Path, default=RESULTS / "speed_by_cpu.jsonl", help="one line per run is added")
     parser.add_argument("--_peak_memory", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     allocator = "glibc default" if args.default_allocator else f"freed memory kept: {reuse_freed_memory()}"
@@ -408,6 +423,7 @@ def main() -> None:
     if not args.skip_scaling:
         report["scaling"] = scaling_curves(max(3, args.reps // 2))
     args.out.write_text(json.dumps(report, indent=2) + "\n")
+    append_cpu_row(report, args.rows)
     print(f"\n{report['cpu']}, float32 peak {report['float32_peak_gflops']} GFLOP/s, torch {torch.__version__}")
     print("\n| case | params | minirope | Llama | ratio | peak MiB minirope / Llama | memory ratio |")
     print("|---|---|---|---|---|---|---|")
@@ -417,6 +433,17 @@ def main() -> None:
         print(f"| {row['case']} | {row['params_millions']}M | {row['minirope']:,.0f} | {row['llama']:,.0f} "
               f"{row['unit']} | {row['ratio']:.2f} | {memory} |")  # fmt: skip
     print(f"\nwrote {args.out}" + ("" if args.skip_scaling else f" and {RESULTS / 'scaling.png'}"))
+
+
+def append_cpu_row(report: dict, path: Path) -> None:
+    """One line per run in `path` (JSON lines), so that the rows of every machine the benchmark ran on accumulate:
+    the CPU, its threads, torch and transformers, and each case's minirope/Llama ratio."""
+    row = {key: report[key] for key in ("date", "cpu", "machine", "float32_peak_gflops")}
+    row |= {"torch": torch.__version__, "transformers": transformers.__version__}
+    row["ratios"] = {case["case"]: round(case["ratio"], 3) for case in report["cases"]}
+    with path.open("a") as rows:
+        rows.write(json.dumps(row) + "\n")
+    print(f"appended this machine's row to {path}")
 
 
 if __name__ == "__main__":

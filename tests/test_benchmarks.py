@@ -1,9 +1,12 @@
 """The GPU, fused-loss and CPU speed benchmarks run end to end (on CPU, small shapes) and write what they print."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 
@@ -38,8 +41,10 @@ def test_fused_loss_benchmark_compares_with_llama(tmp_path):
 def test_speed_benchmark_compares_the_default_model_with_llama(tmp_path):
     output = tmp_path / "speed.json"
     command = [sys.executable, str(BENCHMARKS / "bench_speed.py"), "--sizes", "default", "--reps", "1",
-               "--skip_compile", "--skip_memory", "--skip_scaling", "--out", str(output)]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+               "--skip_compile", "--skip_memory", "--skip_scaling", "--out", str(output),
+               "--rows", str(tmp_path / "rows.jsonl")]  # fmt: skip
+    env = {**os.environ, "MINIROPE_CACHE": str(tmp_path)}  # the measured products' decisions stay here
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(output.read_text())
     assert record["float32_peak_gflops"] > 0 and record["cpu"]
@@ -48,3 +53,8 @@ def test_speed_benchmark_compares_the_default_model_with_llama(tmp_path):
     assert all(row["minirope"] > 0 and row["llama"] > 0 and row["ratio"] > 0 for row in cases.values())
     assert "| train default fp32 8x256 | 1.1M |" in result.stdout
     assert all(row["mm_us"] > 0 and row["onednn_us"] > 0 for row in record["linear"])
+    (line,) = (tmp_path / "rows.jsonl").read_text().splitlines()  # this machine's row, for the per-CPU table
+    row = json.loads(line)
+    assert row["cpu"] == record["cpu"] and row["torch"] == torch.__version__
+    assert row["ratios"] == {name: round(case["ratio"], 3) for name, case in cases.items()}
+    assert "greedy decode default fp32 batch 1, measured products" in row["ratios"]

@@ -1,33 +1,17 @@
-"""CPU speed settings: `MiniRopeLinear` (float32 products on oneDNN, the values and gradients of
-`nn.functional.linear`) and the training scripts' allocator setting."""
+"""CPU speed settings: the model's products are `nn.Linear`'s (Llama's); decoding products move to oneDNN only where
+`use_measured_products` measured it faster on this machine; and the training scripts' allocator setting."""
 
-import os
-import platform
-import subprocess
-import sys
+import json
 
 import pytest
 import torch
+from conftest import llama_twin, random_model, tiny_config
+from torch import nn
 
-from minirope import kernels_minirope as kernels
-from minirope.kernels_minirope import MiniRopeLinear, matmul_nt, onednn_available, use_onednn
+from minirope import cpu_products
 from minirope.training.arguments import reuse_freed_memory
 
-needs_onednn = pytest.mark.skipif(not onednn_available(), reason="oneDNN linear needs an x86 CPU and mkldnn")
-
-
-@pytest.fixture
-def onednn(monkeypatch):
-    """The oneDNN path switched on for every product, also on CPUs where minirope leaves it off for speed (AVX2)."""
-    monkeypatch.setattr(kernels, "ONEDNN_EVERYWHERE", True)
-
-
-@needs_onednn
-def test_onednn_is_chosen_where_it_was_measured_faster():
-    """Every product on AVX-512 CPUs; small ones nowhere else (AVX2: slower per call, docs/performance.md)."""
-    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-    assert kernels.onednn_linear_enabled() == avx512
-    assert use_onednn(torch.randn(3, 8), torch.randn(5, 8)) == avx512
+needs_onednn = pytest.mark.skipif(not cpu_products.available(), reason="oneDNN linear needs an x86 CPU and mkldnn")
 
 
 def ran_on_onednn(run) -> bool:
@@ -37,108 +21,79 @@ def ran_on_onednn(run) -> bool:
     return any(event.name == "mkldnn::_linear_pointwise" for event in profile.events())
 
 
-@needs_onednn
-@pytest.mark.skipif(torch.get_num_threads() < 2, reason="the decoding rule needs several threads")
-def test_decoding_products_with_large_weights_go_to_onednn_on_any_x86_cpu():
-    """A few rows against a weight of >= 2^19 elements, without gradients: oneDNN's threads read the weight
-    faster than `torch.mm`'s single-threaded product (docs/performance.md), with the same values."""
-    torch.manual_seed(0)
-    layer = MiniRopeLinear(512, kernels.LARGE_WEIGHT // 512)
-    x = torch.randn(2, 8, 512)  # 16 rows: a batch of 16 sequences decoding one token each
+def test_the_model_runs_llamas_products():
+    """No kernel choice of minirope's own in the model: every product is an `nn.Linear`, exactly as in Llama."""
+    model = random_model(tiny_config())
+    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    assert linears and all(type(module) is nn.Linear for module in linears)
     with torch.no_grad():
-        assert ran_on_onednn(lambda: layer(x))
-        reference = torch.nn.functional.linear(x, layer.weight, layer.bias)
-        torch.testing.assert_close(layer(x), reference, rtol=1e-5, atol=1e-5)
-        prefill = torch.randn(17, 512)  # more rows: where torch.mm is as fast
-        assert ran_on_onednn(lambda: layer(prefill)) == kernels.onednn_linear_enabled()
-        small = MiniRopeLinear(512, kernels.LARGE_WEIGHT // 512 - 1)
-        assert ran_on_onednn(lambda: small(x)) == kernels.onednn_linear_enabled()  # below the size: AVX-512 only
-    assert ran_on_onednn(lambda: layer(x)) == kernels.onednn_linear_enabled()  # training keeps its products
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        with torch.no_grad():
-            assert ran_on_onednn(lambda: layer(x)) == kernels.onednn_linear_enabled()  # one thread: no gain
-    finally:
-        torch.set_num_threads(threads)
+        assert not ran_on_onednn(lambda: model(torch.tensor([[5, 6, 7]])))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIROPE_CACHE", str(tmp_path))
+    return tmp_path / "cpu_products.json"
+
+
+def fake_timings(monkeypatch, winner: str) -> list:
+    """Timings in which `winner` ("onednn" or "torch") is 2x faster; returns the list of measured shapes."""
+    measured = []
+
+    def measure(in_features, out_features, rows):
+        measured.append((in_features, out_features, rows))
+        return {"torch_us": 2.0, "onednn_us": 1.0} | {"onednn": winner == "onednn"}
+
+    monkeypatch.setattr(cpu_products, "measure", measure)
+    return measured
 
 
 @needs_onednn
-def test_onednn_is_used_for_float32_cpu_products_only(onednn):
-    x, weight = torch.randn(3, 8), torch.randn(5, 8)
-    assert use_onednn(x, weight)
-    assert not use_onednn(x.bfloat16(), weight.bfloat16())
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not use_onednn(x, weight)  # autocast's bf16 product is already oneDNN's
-
-
-class Wrapped(torch.Tensor):
-    """A tensor subclass standing in for DTensor, FakeTensor and friends: no rule for the oneDNN op."""
-
-
-@needs_onednn
-def test_tensor_subclasses_and_tracing_get_the_standard_linear(onednn):
-    layer = MiniRopeLinear(8, 5)
-    x = torch.randn(3, 8)
-    assert not use_onednn(x.as_subclass(Wrapped), layer.weight)
-    assert not use_onednn(x, layer.weight.detach().as_subclass(Wrapped))
+def test_measured_faster_products_move_and_give_the_same_tokens(cache, monkeypatch):
+    model = random_model(tiny_config())
+    measured = fake_timings(monkeypatch, "onednn")
+    chosen = cpu_products.use_measured_products(model)
+    assert set(chosen) == {name for name, m in model.named_modules() if type(m) is nn.Linear}
+    assert len(measured) == 2 * len({(m.in_features, m.out_features) for m in model.modules() if type(m) is nn.Linear})
+    layer = model.model.layers[0].mlp.up_proj
+    x = torch.randn(1, layer.in_features)
     with torch.no_grad():
-        traced = torch.jit.trace(layer, x)
-    graph = str(traced.inlined_graph)
-    assert "aten::linear" in graph and "mkldnn" not in graph
-    exported = torch.export.export(layer, (x,)).graph_module.code
-    assert "mkldnn" not in exported
-    assert use_onednn(x, layer.weight)  # and eager float32 products are back on oneDNN afterwards
+        assert ran_on_onednn(lambda: layer(x)) and ran_on_onednn(lambda: layer(torch.randn(8, layer.in_features)))
+        assert not ran_on_onednn(lambda: layer(torch.randn(9, layer.in_features)))  # prefill: torch's path
+        torch.testing.assert_close(layer(x), nn.functional.linear(x, layer.weight), rtol=1e-5, atol=1e-6)
+    assert not ran_on_onednn(lambda: layer(x))  # training products keep nn.Linear's path
+    assert "model.layers.0.mlp.up_proj.weight" in model.state_dict()  # parameters and keys unchanged
+    settings = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
+    prompt = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    assert torch.equal(model.generate(prompt, **settings), llama_twin(model).generate(prompt, **settings))
+    # cached for this machine: a second model of the same shapes measures nothing
+    saved = json.loads(cache.read_text())
+    assert list(saved) == [cpu_products.machine()] and "torch" in cpu_products.machine()
+    measured.clear()
+    cpu_products.use_measured_products(random_model(tiny_config(), seed=1))
+    assert measured == []
 
 
 @needs_onednn
-@pytest.mark.parametrize("bias", [False, True])
-def test_linear_matches_torch_in_value_and_gradients(bias, onednn):
-    torch.manual_seed(0)
-    layer = MiniRopeLinear(48, 80, bias=bias)
-    reference = torch.nn.Linear(48, 80, bias=bias)
-    reference.load_state_dict(layer.state_dict())
-    x = torch.randn(2, 7, 48, requires_grad=True)
-    x_ref = x.detach().clone().requires_grad_()
-    grad = torch.randn(2, 7, 80)
-    out, out_ref = layer(x), reference(x_ref)
-    assert type(out.grad_fn).__name__ == "OneDnnLinearBackward"
-    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-5)
-    out.backward(grad)
-    out_ref.backward(grad)
-    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-5, atol=1e-5)
-    for (name, param), ref in zip(layer.named_parameters(), reference.parameters(), strict=True):
-        torch.testing.assert_close(param.grad, ref.grad, rtol=1e-5, atol=1e-4, msg=name)
-
-
-@needs_onednn
-def test_gradient_of_a_gradient_matches_torch(onednn):
-    torch.manual_seed(1)
-    layer = MiniRopeLinear(12, 6)
-    x = torch.randn(5, 12, requires_grad=True)
-    results = []
-    for forward in (layer, lambda t: torch.nn.functional.linear(t, layer.weight, layer.bias)):
-        (grad_x,) = torch.autograd.grad(forward(x).pow(2).sum(), x, create_graph=True)
-        results.append(torch.autograd.grad(grad_x.pow(2).sum(), (x, layer.weight)))
-    for ours, reference in zip(*results, strict=True):
-        torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
-
-
-@needs_onednn
-def test_no_grad_and_non_contiguous_inputs(onednn):
-    weight, x = torch.randn(6, 10), torch.randn(10, 4).T  # a transposed (non-contiguous) input
+def test_products_that_are_not_clearly_faster_stay_on_torch(cache, monkeypatch):
+    model = random_model(tiny_config())
+    fake_timings(monkeypatch, "torch")
+    assert cpu_products.use_measured_products(model) == {}
+    layer = model.lm_head
     with torch.no_grad():
-        torch.testing.assert_close(matmul_nt(x, weight), x @ weight.T, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(matmul_nt(x, weight.T.contiguous().T), x @ weight.T, rtol=1e-5, atol=1e-5)
+        assert not ran_on_onednn(lambda: layer(torch.randn(1, layer.in_features)))
 
 
-def test_environment_variable_turns_it_off():
-    code = "import minirope.kernels_minirope as m; print(m.onednn_available(), m.onednn_linear_enabled())"
-    env = {**os.environ, "MINIROPE_ONEDNN_LINEAR": "0"}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == "False False"
+@needs_onednn
+def test_the_real_measurement_decides_by_the_margin(cache):
+    """On this CPU, for real: each decision is oneDNN exactly where its median beats torch's by `MARGIN`."""
+    decisions = cpu_products.decisions({(96, 288), (384, 4096)})
+    assert len(decisions) == 4
+    for name, row in decisions.items():
+        assert row["torch_us"] > 0 and row["onednn_us"] > 0
+        assert row["onednn"] == (row["torch_us"] > cpu_products.MARGIN * row["onednn_us"]), name
+    print(json.dumps(decisions, indent=1))
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_training_keeps_freed_memory_on_glibc():
     assert reuse_freed_memory()  # glibc accepted both settings (it refuses e.g. a threshold above 32 MiB)

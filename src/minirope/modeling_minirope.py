@@ -9,10 +9,10 @@ between `MiniRopeForCausalLM` and `transformers.LlamaForCausalLM` unchanged.
 Shapes use: B batch, T query length, S key length (cache + T), H query heads, K key/value heads,
 d head_dim, D hidden_size, V vocab_size.
 
-This file reads like the paper: RoPE itself is in `rotary_minirope.py`, the CPU fast paths in
-`kernels_minirope.py`, the loading rules in `loading_minirope.py`, the cache keyword of the installed transformers
-(`cache`, formerly `past_key_values`) in `compat_minirope.py`. It imports only torch, transformers and those
-files, so that `save_pretrained` ships all of them as remote code.
+This file reads like the paper: RoPE itself is in `rotary_minirope.py`, the fused loss in `kernels_minirope.py`,
+the loading rules in `loading_minirope.py`, the cache keyword of the installed transformers (`cache`, formerly
+`past_key_values`) in `compat_minirope.py`. Its products are `nn.Linear`'s, exactly Llama's. It imports only torch,
+transformers and those files, so that `save_pretrained` ships all of them as remote code.
 """
 
 from collections.abc import Callable
@@ -39,7 +39,7 @@ from transformers.utils.output_capturing import capture_outputs
 
 from .compat_minirope import cache_argument, cache_keyword, cache_of
 from .configuration_minirope import MiniRopeConfig
-from .kernels_minirope import MiniRopeLinear, embed_token_ids, fused_causal_lm_loss
+from .kernels_minirope import embed_token_ids, fused_causal_lm_loss
 from .loading_minirope import MiniRopeLoadingMixin
 from .rotary_minirope import MiniRopeRotaryEmbedding, apply_rotary_pos_emb
 
@@ -120,10 +120,10 @@ class MiniRopeAttention(nn.Module):
         self.attention_dropout = config.attention_dropout
         self.is_causal = True
         q_out, kv_out = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
-        self.q_proj = MiniRopeLinear(config.hidden_size, q_out, bias=config.attention_bias)
-        self.k_proj = MiniRopeLinear(config.hidden_size, kv_out, bias=config.attention_bias)
-        self.v_proj = MiniRopeLinear(config.hidden_size, kv_out, bias=config.attention_bias)
-        self.o_proj = MiniRopeLinear(q_out, config.hidden_size, bias=config.attention_bias)
+        self.q_proj = nn.Linear(config.hidden_size, q_out, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_out, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_out, bias=config.attention_bias)
+        self.o_proj = nn.Linear(q_out, config.hidden_size, bias=config.attention_bias)
 
     def forward(
         self,
@@ -169,9 +169,9 @@ class MiniRopeMLP(nn.Module):
 
     def __init__(self, config: MiniRopeConfig) -> None:
         super().__init__()
-        self.gate_proj = MiniRopeLinear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
-        self.up_proj = MiniRopeLinear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
-        self.down_proj = MiniRopeLinear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -334,7 +334,7 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = MiniRopeModel(config)
         self.vocab_size = config.vocab_size
-        self.lm_head = MiniRopeLinear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
     @can_return_tuple

@@ -1,0 +1,150 @@
+"""Decoding products on oneDNN where this machine measures them faster: opt-in, decided per weight shape.
+
+A decoding step multiplies a few rows (one per sequence) by every weight of the model, so its speed is the speed of
+reading the weights. On x86 CPUs torch sends float32 products to MKL, which runs such few-row products on one thread;
+oneDNN (the kernel library behind torch's bf16 products) spreads them over all threads, but costs ~20 us more per
+call. Which wins depends on the CPU, the thread count, the weight's shape and the batch: oneDNN has run a
+`(1, 2048) @ (2048, 8192)` product 2.3x faster than MKL on a 2-core AVX-512 EPYC and a `(1, 96) @ (96, 288)` one 5x
+slower (docs/performance.md). So nothing here is decided by a rule: `use_measured_products(model)` times both
+kernels on this machine for each of the model's weight shapes at 1 and 8 rows (medians of `REPS`), keeps oneDNN
+only where it wins by `MARGIN`, and caches the decisions per CPU model, torch version and thread count in
+`~/.cache/minirope/cpu_products.json` (`MINIROPE_CACHE` moves it), outside any model folder.
+
+A chosen `nn.Linear` keeps its parameters and state-dict keys; only inference products (no gradient) of plain float32
+CPU tensors with at most 8 rows change kernel, outside tracing and compiling: the same product, summed in another
+order (float32 rounding differences only). Training and everything else stay on `nn.Linear`'s path. The model files
+that `save_pretrained` ships know nothing of this: a saved folder computes exactly Llama's products.
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    print(use_measured_products(model))      # {'model.layers.0.mlp.up_proj': ['1 row'], ...}
+    model.generate(...)                      # the chosen decoding products on oneDNN
+"""
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+MARGIN = 1.2  # oneDNN is chosen only where its median is this many times faster
+REPS = 9
+ROWS = (1, 8)  # batch-1 and batch-8 decoding; products of up to 8 rows take the 8-row decision
+
+
+def available() -> bool:
+    """Whether this torch can run float32 products on oneDNN here: an x86 CPU and torch built with mkldnn."""
+    return platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T + bias` on oneDNN. x `(..., K)`, weight `(N, K)`, bias `(N,)` or None -> `(..., N)`."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def machine() -> str:
+    """What the decisions depend on: the CPU's model name, torch's version and its thread count."""
+    name = platform.processor()
+    try:
+        names = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
+        name = names[0].split(":", 1)[1].strip() if names else name
+    except OSError:
+        pass
+    return f"{name} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+
+def cache_path() -> Path:
+    return Path(os.environ.get("MINIROPE_CACHE", "~/.cache/minirope")).expanduser() / "cpu_products.json"
+
+
+def median_seconds(product, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
+    """Median time of `product(x, weight)`, cycling through `weights` (copies of one weight, so that each call reads
+    its weight from memory as a decoding step does, not from the cache)."""
+    for weight in weights[:2]:
+        product(x, weight)  # warm-up: oneDNN builds its kernel for the shape on the first call
+    times = []
+    for rep in range(REPS):
+        start = time.perf_counter()
+        product(x, weights[rep % len(weights)])
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(in_features: int, out_features: int, rows: int) -> dict:
+    """Both kernels' median microseconds for `(rows, in) @ (out, in).T`, and whether oneDNN wins by `MARGIN`."""
+    copies = max(1, min(8, (64 * 2**20) // (4 * in_features * out_features)))  # up to 64 MiB of weights
+    weights = [torch.randn(out_features, in_features) for _ in range(copies)]
+    x = torch.randn(rows, in_features)
+    with torch.no_grad():
+        torch_us = median_seconds(nn.functional.linear, x, weights) * 1e6
+        onednn_us = median_seconds(onednn_linear, x, weights) * 1e6
+    return {"torch_us": round(torch_us, 1), "onednn_us": round(onednn_us, 1), "onednn": torch_us > MARGIN * onednn_us}
+
+
+def decisions(shapes: set[tuple[int, int]]) -> dict[str, dict]:
+    """`{"IN x OUT, R rows": measure(...)}` for every shape at every row count of `ROWS`: read from the cache for this
+    machine, measured (and added to the cache) where missing."""
+    path, key = cache_path(), machine()
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    known = cache.setdefault(key, {})
+    wanted = {f"{i} x {o}, {rows} rows": (i, o, rows) for i, o in sorted(shapes) for rows in ROWS}
+    missing = {name: args for name, args in wanted.items() if name not in known}
+    for name, args in missing.items():
+        known[name] = measure(*args)
+    if missing:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_suffix(f".{os.getpid()}.tmp")
+        scratch.write_text(json.dumps(cache, indent=1))
+        scratch.replace(path)  # whole or not at all
+    return {name: known[name] for name in wanted}
+
+
+def decoding_forward(module: nn.Linear, onednn_rows: tuple[int, ...]):
+    """`module`'s forward, with inference products of plain float32 CPU tensors whose row count takes a oneDNN
+    decision (`onednn_rows`: 1 and/or 8, the latter covering 2-8 rows) on oneDNN; all else `nn.Linear.forward`."""
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.dim() else 0
+        bucket = 1 if rows == 1 else 8 if 1 < rows <= 8 else None
+        if (
+            bucket in onednn_rows
+            and not torch.is_grad_enabled()
+            and x.device.type == "cpu"
+            and x.dtype == module.weight.dtype == torch.float32
+            and type(x) is torch.Tensor
+            and type(module.weight) is nn.Parameter
+            and not torch.is_autocast_enabled("cpu")
+            and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing()
+        ):
+            return onednn_linear(x, module.weight, module.bias)
+        return nn.Linear.forward(module, x)
+
+    return forward
+
+
+def use_measured_products(model: nn.Module) -> dict[str, list[str]]:
+    """Send `model`'s decoding products to oneDNN where this machine measured it faster (see the module docstring).
+
+    Returns `{module name: ["1 row", "8 rows"] or a part of it}` for the `nn.Linear` modules that changed kernel;
+    `{}` where none did or oneDNN is not available (nothing is changed then). Calling it again re-applies the
+    cached decisions.
+    """
+    linears = {name: m for name, m in model.named_modules() if type(m) is nn.Linear and m.weight.device.type == "cpu"}
+    if not available() or not linears:
+        return {}
+    measured = decisions({(m.in_features, m.out_features) for m in linears.values()})
+    chosen = {}
+    for name, module in linears.items():
+        rows = tuple(r for r in ROWS if measured[f"{module.in_features} x {module.out_features}, {r} rows"]["onednn"])
+        module.__dict__.pop("forward", None)  # a previous call's choice
+        if rows:
+            module.forward = decoding_forward(module, rows)
+            chosen[name] = [f"{r} row{'s' if r > 1 else ''}" for r in rows]
+    return chosen
