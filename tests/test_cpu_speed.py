@@ -40,7 +40,7 @@ def fake_timings(monkeypatch, winner: str) -> list:
     """Timings in which `winner` ("onednn" or "torch") is 2x faster; returns the list of measured shapes."""
     measured = []
 
-    def measure(in_features, out_features, rows):
+    def measure(in_features, out_features, rows, model_mib):
         measured.append((in_features, out_features, rows))
         return {"torch_us": 2.0, "onednn_us": 1.0} | {"onednn": winner == "onednn"}
 
@@ -87,7 +87,7 @@ def test_products_that_are_not_clearly_faster_stay_on_torch(cache, monkeypatch):
 @needs_onednn
 def test_the_real_measurement_decides_by_the_margin(cache):
     """On this CPU, for real: each decision is oneDNN exactly where its median beats torch's by `MARGIN`."""
-    decisions = cpu_products.decisions({(96, 288), (384, 4096)})
+    decisions = cpu_products.decisions({(96, 288), (384, 4096)}, model_mib=8)
     assert len(decisions) == 4
     for name, row in decisions.items():
         assert row["torch_us"] > 0 and row["onednn_us"] > 0

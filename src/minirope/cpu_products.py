@@ -6,9 +6,10 @@ oneDNN (the kernel library behind torch's bf16 products) spreads them over all t
 call. Which wins depends on the CPU, the thread count, the weight's shape and the batch: oneDNN has run a
 `(1, 2048) @ (2048, 8192)` product 2.3x faster than MKL on a 2-core AVX-512 EPYC and a `(1, 96) @ (96, 288)` one 5x
 slower (docs/performance.md). So nothing here is decided by a rule: `use_measured_products(model)` times both
-kernels on this machine for each of the model's weight shapes at 1 and 8 rows (medians of `REPS`), keeps oneDNN
-only where it wins by `MARGIN`, and caches the decisions per CPU model, torch version and thread count in
-`~/.cache/minirope/cpu_products.json` (`MINIROPE_CACHE` moves it), outside any model folder.
+kernels on this machine for each of the model's weight shapes at 1 and 8 rows, the weight among as many bytes of
+weights as the model has (medians of `REPS`), keeps oneDNN only where it wins by `MARGIN`, and caches the decisions
+per CPU model, torch version and thread count in `~/.cache/minirope/cpu_products.json` (`MINIROPE_CACHE` moves
+it), outside any model folder.
 
 A chosen `nn.Linear` keeps its parameters and state-dict keys; only inference products (no gradient) of plain float32
 CPU tensors with at most 8 rows change kernel, outside tracing and compiling: the same product, summed in another
@@ -21,6 +22,7 @@ that `save_pretrained` ships know nothing of this: a saved folder computes exact
 """
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -61,21 +63,24 @@ def cache_path() -> Path:
 
 
 def median_seconds(product, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
-    """Median time of `product(x, weight)`, cycling through `weights` (copies of one weight, so that each call reads
-    its weight from memory as a decoding step does, not from the cache)."""
+    """Median time of `product(x, weight)`, cycling through `weights` (copies of one weight standing for the model's
+    other weights: each call finds its weight where a decoding step would, in the cache or in memory)."""
     for weight in weights[:2]:
         product(x, weight)  # warm-up: oneDNN builds its kernel for the shape on the first call
     times = []
-    for rep in range(REPS):
+    for rep in range(max(REPS, len(weights))):
         start = time.perf_counter()
         product(x, weights[rep % len(weights)])
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def measure(in_features: int, out_features: int, rows: int) -> dict:
-    """Both kernels' median microseconds for `(rows, in) @ (out, in).T`, and whether oneDNN wins by `MARGIN`."""
-    copies = max(1, min(8, (64 * 2**20) // (4 * in_features * out_features)))  # up to 64 MiB of weights
+def measure(in_features: int, out_features: int, rows: int, model_mib: int) -> dict:
+    """Both kernels' median microseconds for `(rows, in) @ (out, in).T` with its weight among `model_mib` MiB of
+    weights (a model that fits in the cache decodes from the cache; a larger one reads every weight from memory),
+    and whether oneDNN wins by `MARGIN`."""
+    weight_bytes = 4 * in_features * out_features
+    copies = max(1, min(64, model_mib * 2**20 // weight_bytes))
     weights = [torch.randn(out_features, in_features) for _ in range(copies)]
     x = torch.randn(rows, in_features)
     with torch.no_grad():
@@ -84,16 +89,17 @@ def measure(in_features: int, out_features: int, rows: int) -> dict:
     return {"torch_us": round(torch_us, 1), "onednn_us": round(onednn_us, 1), "onednn": torch_us > MARGIN * onednn_us}
 
 
-def decisions(shapes: set[tuple[int, int]]) -> dict[str, dict]:
-    """`{"IN x OUT, R rows": measure(...)}` for every shape at every row count of `ROWS`: read from the cache for this
-    machine, measured (and added to the cache) where missing."""
+def decisions(shapes: set[tuple[int, int]], model_mib: int) -> dict[str, dict]:
+    """`{"IN x OUT, R rows, M MiB": measure(...)}` for every shape at every row count of `ROWS` in a model of
+    `model_mib` MiB of float32 weights: read from the cache for this machine, measured (and added) where missing."""
     path, key = cache_path(), machine()
     try:
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
         cache = {}
     known = cache.setdefault(key, {})
-    wanted = {f"{i} x {o}, {rows} rows": (i, o, rows) for i, o in sorted(shapes) for rows in ROWS}
+    wanted = {f"{i} x {o}, {rows} rows, {model_mib} MiB": (i, o, rows, model_mib) for i, o in sorted(shapes)
+              for rows in ROWS}  # fmt: skip
     missing = {name: args for name, args in wanted.items() if name not in known}
     for name, args in missing.items():
         known[name] = measure(*args)
@@ -139,10 +145,13 @@ def use_measured_products(model: nn.Module) -> dict[str, list[str]]:
     linears = {name: m for name, m in model.named_modules() if type(m) is nn.Linear and m.weight.device.type == "cpu"}
     if not available() or not linears:
         return {}
-    measured = decisions({(m.in_features, m.out_features) for m in linears.values()})
+    weights = sum(m.weight.numel() for m in {id(m.weight): m for m in linears.values()}.values())
+    model_mib = 2 ** max(0, math.ceil(math.log2(4 * weights / 2**20)))  # rounded up to a power of 2: fewer entries
+    measured = decisions({(m.in_features, m.out_features) for m in linears.values()}, model_mib)
     chosen = {}
     for name, module in linears.items():
-        rows = tuple(r for r in ROWS if measured[f"{module.in_features} x {module.out_features}, {r} rows"]["onednn"])
+        shape = f"{module.in_features} x {module.out_features}"
+        rows = tuple(r for r in ROWS if measured[f"{shape}, {r} rows, {model_mib} MiB"]["onednn"])
         module.__dict__.pop("forward", None)  # a previous call's choice
         if rows:
             module.forward = decoding_forward(module, rows)
