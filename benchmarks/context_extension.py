@@ -48,6 +48,9 @@ class NoPositionEmbedding(nn.Module):
         super().__init__()
         self.head_dim = head_dim
 
+    def grow(self, seq_len: int) -> None:
+        """Nothing to extend (the rotary module's tables grow before a long forward; this one has none)."""
+
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (*position_ids.shape, self.head_dim)
         return torch.ones(shape, dtype=x.dtype, device=x.device), torch.zeros(shape, dtype=x.dtype, device=x.device)

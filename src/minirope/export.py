@@ -289,7 +289,7 @@ def export_onnx(model_dir: str | Path, output: str | Path, overwrite: bool = Fal
         folder.mkdir()
         with torch.no_grad():
             program = torch.onnx.export(
-                LogitsFromIds(model),
+                LogitsFromIds(model).eval(),  # the wrapper too: exported in training mode, ONNX warns
                 (example_ids, example_mask),
                 dynamo=True,
                 input_names=["input_ids", "attention_mask"],
