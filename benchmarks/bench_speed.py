@@ -389,6 +389,7 @@ def main() -> None:
         help="leave glibc's default of returning freed memory to the OS (the training scripts keep it)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "speed.json")
+    parser.add_argument("--only", help="run only the cases whose name contains this, e.g. 'greedy decode'")
     parser.add_argument("--rows", type=Path, default=RESULTS / "speed_by_cpu.jsonl", help="one line per run is added")
     parser.add_argument("--_peak_memory", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -398,6 +399,8 @@ def main() -> None:
     names = [name for name in CASES if case_size(name) in args.sizes]
     if args.skip_compile:
         names = [name for name in names if "compile" not in name]
+    if args.only:
+        names = [name for name in names if args.only in name]
     bf16, precision = choose_bf16(torch.device("cpu"))
     print(precision)
     if not bf16:

@@ -48,10 +48,21 @@ def fake_timings(monkeypatch, winner: str) -> list:
     return measured
 
 
+def fake_steps(monkeypatch, faster: bool) -> None:
+    """A whole decoding step 2x faster with the moved products (`faster`), or 2x slower."""
+
+    def step_seconds(model, rows):
+        moved = any("forward" in module.__dict__ for module in model.modules())
+        return 1.0 if moved == faster else 2.0
+
+    monkeypatch.setattr(cpu_products, "step_seconds", step_seconds)
+
+
 @needs_onednn
 def test_measured_faster_products_move_and_give_the_same_tokens(cache, monkeypatch):
     model = random_model(tiny_config())
     measured = fake_timings(monkeypatch, "onednn")
+    fake_steps(monkeypatch, faster=True)
     chosen = cpu_products.use_measured_products(model)
     assert set(chosen) == {name for name, m in model.named_modules() if type(m) is nn.Linear}
     assert len(measured) == 2 * len({(m.in_features, m.out_features) for m in model.modules() if type(m) is nn.Linear})
@@ -82,6 +93,15 @@ def test_products_that_are_not_clearly_faster_stay_on_torch(cache, monkeypatch):
     layer = model.lm_head
     with torch.no_grad():
         assert not ran_on_onednn(lambda: layer(torch.randn(1, layer.in_features)))
+
+
+@needs_onednn
+def test_products_faster_alone_but_not_in_the_whole_step_stay_on_torch(cache, monkeypatch):
+    model = random_model(tiny_config())
+    fake_timings(monkeypatch, "onednn")
+    fake_steps(monkeypatch, faster=False)
+    assert cpu_products.use_measured_products(model) == {}
+    assert not any("forward" in module.__dict__ for module in model.modules())  # nothing left moved
 
 
 @needs_onednn

@@ -7,9 +7,10 @@ call. Which wins depends on the CPU, the thread count, the weight's shape and th
 `(1, 2048) @ (2048, 8192)` product 2.3x faster than MKL on a 2-core AVX-512 EPYC and a `(1, 96) @ (96, 288)` one 5x
 slower (docs/performance.md). So nothing here is decided by a rule: `use_measured_products(model)` times both
 kernels on this machine for each of the model's weight shapes at 1 and 8 rows, the weight among as many bytes of
-weights as the model has (medians of `REPS`), keeps oneDNN only where it wins by `MARGIN`, and caches the decisions
-per CPU model, torch version and thread count in `~/.cache/minirope/cpu_products.json` (`MINIROPE_CACHE` moves
-it), outside any model folder.
+weights as the model has (medians of `REPS`), keeps oneDNN only where it wins by `MARGIN` and where the model's
+whole one-token step is then faster by `STEP_MARGIN`, and caches the per-shape decisions per CPU model, torch
+version and thread count in `~/.cache/minirope/cpu_products.json` (`MINIROPE_CACHE` moves it), outside any model
+folder.
 
 A chosen `nn.Linear` keeps its parameters and state-dict keys; only inference products (no gradient) of plain float32
 CPU tensors with at most 8 rows change kernel, outside tracing and compiling: the same product, summed in another
@@ -32,7 +33,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-MARGIN = 1.2  # oneDNN is chosen only where its median is this many times faster
+MARGIN = 1.2  # a product moves to oneDNN only where its median is this many times faster
+STEP_MARGIN = 1.05  # ... and only if the model's whole decoding step is then this many times faster
 REPS = 9
 ROWS = (1, 8)  # batch-1 and batch-8 decoding; products of up to 8 rows take the 8-row decision
 
@@ -135,24 +137,59 @@ def decoding_forward(module: nn.Linear, onednn_rows: tuple[int, ...]):
     return forward
 
 
+def step_seconds(model: nn.Module, rows: int) -> float:
+    """The fastest of `REPS` one-token forwards of `rows` sequences: a decoding step's products (without a past).
+    The fastest, not the median: another process busy on the same cores can slow a step down, not speed it up."""
+    ids = torch.zeros((rows, 1), dtype=torch.long)
+    best = float("inf")
+    with torch.no_grad():
+        model(ids)  # warm-up
+        for _ in range(REPS):
+            start = time.perf_counter()
+            model(ids)
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
 def use_measured_products(model: nn.Module) -> dict[str, list[str]]:
     """Send `model`'s decoding products to oneDNN where this machine measured it faster (see the module docstring).
 
+    Two measurements decide: each weight shape's product alone (cached, `decisions`), then, for each row count, the
+    model's whole one-token step with the products that won against the step without them: they move only if the
+    step is `STEP_MARGIN` times faster (a product faster alone can be slower among the others, e.g. a small model's
+    head that stays in the cache).
+
     Returns `{module name: ["1 row", "8 rows"] or a part of it}` for the `nn.Linear` modules that changed kernel;
-    `{}` where none did or oneDNN is not available (nothing is changed then). Calling it again re-applies the
-    cached decisions.
+    `{}` where none did or oneDNN is not available (nothing is changed then). Calling it again measures again.
     """
     linears = {name: m for name, m in model.named_modules() if type(m) is nn.Linear and m.weight.device.type == "cpu"}
     if not available() or not linears:
         return {}
+    for module in linears.values():
+        module.__dict__.pop("forward", None)  # a previous call's choice
     weights = sum(m.weight.numel() for m in {id(m.weight): m for m in linears.values()}.values())
     model_mib = 2 ** max(0, math.ceil(math.log2(4 * weights / 2**20)))  # rounded up to a power of 2: fewer entries
     measured = decisions({(m.in_features, m.out_features) for m in linears.values()}, model_mib)
+    kept = {}
+    for rows in ROWS:
+        faster = [
+            name
+            for name, m in linears.items()
+            if measured[f"{m.in_features} x {m.out_features}, {rows} rows, {model_mib} MiB"]["onednn"]
+        ]
+        if not faster:
+            continue
+        plain = step_seconds(model, rows)
+        for name in faster:
+            linears[name].forward = decoding_forward(linears[name], (rows,))
+        moved = step_seconds(model, rows)
+        for name in faster:
+            del linears[name].forward
+        if plain > STEP_MARGIN * moved:
+            kept[rows] = set(faster)
     chosen = {}
     for name, module in linears.items():
-        shape = f"{module.in_features} x {module.out_features}"
-        rows = tuple(r for r in ROWS if measured[f"{shape}, {r} rows, {model_mib} MiB"]["onednn"])
-        module.__dict__.pop("forward", None)  # a previous call's choice
+        rows = tuple(r for r in kept if name in kept[r])
         if rows:
             module.forward = decoding_forward(module, rows)
             chosen[name] = [f"{r} row{'s' if r > 1 else ''}" for r in rows]
