@@ -1,5 +1,7 @@
 """Shared fixtures: tiny configs, and transformers' LlamaForCausalLM as the independent oracle."""
 
+import os
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -23,6 +25,13 @@ ATTENTION_LAYOUTS = {
     "mha": dict(num_attention_heads=4, num_key_value_heads=4),
     "gqa": dict(num_attention_heads=8, num_key_value_heads=2, head_dim=16),
 }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def measured_products_cache(tmp_path_factory):
+    """`minirope-generate`'s measured decoding products keep their decisions in the test run's folder, not in the
+    home folder of whoever runs the tests (subprocesses inherit it)."""
+    os.environ["MINIROPE_CACHE"] = str(tmp_path_factory.mktemp("minirope-cache"))
 
 
 def tiny_config(layout: str = "gqa", **overrides) -> MiniRopeConfig:

@@ -1,7 +1,9 @@
 """CPU speed settings: the model's products are `nn.Linear`'s (Llama's); decoding products move to oneDNN only where
 `use_measured_products` measured it faster on this machine; and the training scripts' allocator setting."""
 
+import copy
 import json
+import platform
 
 import pytest
 import torch
@@ -74,6 +76,11 @@ def test_measured_faster_products_move_and_give_the_same_tokens(cache, monkeypat
         torch.testing.assert_close(layer(x), nn.functional.linear(x, layer.weight), rtol=1e-5, atol=1e-6)
     assert not ran_on_onednn(lambda: layer(x))  # training products keep nn.Linear's path
     assert "model.layers.0.mlp.up_proj.weight" in model.state_dict()  # parameters and keys unchanged
+    twin = copy.deepcopy(model)  # a copy computes with its own weights, on the same kernels
+    with torch.no_grad():
+        twin.model.layers[0].mlp.up_proj.weight.zero_()
+        assert ran_on_onednn(lambda: twin.model.layers[0].mlp.up_proj(x))
+        assert twin.model.layers[0].mlp.up_proj(x).abs().max() == 0 and layer(x).abs().max() > 0
     settings = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
     prompt = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
     assert torch.equal(model.generate(prompt, **settings), llama_twin(model).generate(prompt, **settings))
@@ -115,5 +122,6 @@ def test_the_real_measurement_decides_by_the_margin(cache):
     print(json.dumps(decisions, indent=1))
 
 
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_training_keeps_freed_memory_on_glibc():
     assert reuse_freed_memory()  # glibc accepted both settings (it refuses e.g. a threshold above 32 MiB)

@@ -28,6 +28,7 @@ import os
 import platform
 import statistics
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -113,28 +114,34 @@ def decisions(shapes: set[tuple[int, int]], model_mib: int) -> dict[str, dict]:
     return {name: known[name] for name in wanted}
 
 
-def decoding_forward(module: nn.Linear, onednn_rows: tuple[int, ...]):
-    """`module`'s forward, with inference products of plain float32 CPU tensors whose row count takes a oneDNN
-    decision (`onednn_rows`: 1 and/or 8, the latter covering 2-8 rows) on oneDNN; all else `nn.Linear.forward`."""
+def forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """A chosen `nn.Linear`'s forward (bound to it as a method, so that `copy.deepcopy` of the model binds the copy):
+    inference products of plain float32 CPU tensors whose row count took a oneDNN decision (`module.onednn_rows`: 1
+    and/or 8, the latter covering 2-8 rows) on oneDNN; everything else `nn.Linear.forward`."""
+    rows = x.numel() // x.shape[-1] if x.dim() else 0
+    bucket = 1 if rows == 1 else 8 if 1 < rows <= 8 else None
+    if (
+        bucket in module.onednn_rows
+        and not torch.is_grad_enabled()
+        and x.device.type == "cpu"
+        and x.dtype == module.weight.dtype == torch.float32
+        and type(x) is torch.Tensor
+        and type(module.weight) is nn.Parameter
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+    ):
+        return onednn_linear(x, module.weight, module.bias)
+    return nn.Linear.forward(module, x)
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1] if x.dim() else 0
-        bucket = 1 if rows == 1 else 8 if 1 < rows <= 8 else None
-        if (
-            bucket in onednn_rows
-            and not torch.is_grad_enabled()
-            and x.device.type == "cpu"
-            and x.dtype == module.weight.dtype == torch.float32
-            and type(x) is torch.Tensor
-            and type(module.weight) is nn.Parameter
-            and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling()
-            and not torch.jit.is_tracing()
-        ):
-            return onednn_linear(x, module.weight, module.bias)
-        return nn.Linear.forward(module, x)
 
-    return forward
+def move(module: nn.Linear, rows: tuple[int, ...]) -> None:
+    """Give `module` the measured forward for products of `rows` rows (nothing: back to `nn.Linear`'s)."""
+    module.__dict__.pop("forward", None)
+    module.__dict__.pop("onednn_rows", None)
+    if rows:
+        module.onednn_rows = rows
+        module.forward = types.MethodType(forward, module)
 
 
 def step_seconds(model: nn.Module, rows: int) -> float:
@@ -166,7 +173,7 @@ def use_measured_products(model: nn.Module) -> dict[str, list[str]]:
     if not available() or not linears:
         return {}
     for module in linears.values():
-        module.__dict__.pop("forward", None)  # a previous call's choice
+        move(module, ())  # a previous call's choice
     weights = sum(m.weight.numel() for m in {id(m.weight): m for m in linears.values()}.values())
     model_mib = 2 ** max(0, math.ceil(math.log2(4 * weights / 2**20)))  # rounded up to a power of 2: fewer entries
     measured = decisions({(m.in_features, m.out_features) for m in linears.values()}, model_mib)
@@ -181,16 +188,16 @@ def use_measured_products(model: nn.Module) -> dict[str, list[str]]:
             continue
         plain = step_seconds(model, rows)
         for name in faster:
-            linears[name].forward = decoding_forward(linears[name], (rows,))
+            move(linears[name], (rows,))
         moved = step_seconds(model, rows)
         for name in faster:
-            del linears[name].forward
+            move(linears[name], ())
         if plain > STEP_MARGIN * moved:
             kept[rows] = set(faster)
     chosen = {}
     for name, module in linears.items():
         rows = tuple(r for r in kept if name in kept[r])
+        move(module, rows)
         if rows:
-            module.forward = decoding_forward(module, rows)
             chosen[name] = [f"{r} row{'s' if r > 1 else ''}" for r in rows]
     return chosen
