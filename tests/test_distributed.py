@@ -153,14 +153,16 @@ def test_fully_sharded_fsdp2_matches_one_process_and_saves_a_folder_that_loads(t
 
 TENSOR_PARALLEL = textwrap.dedent(
     """
-    import sys
+    import sys, warnings
     import torch
     import torch.distributed as dist
     import minirope
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, DistributedConfig
 
+    warnings.filterwarnings("error", category=FutureWarning, module="minirope")  # no deprecated call of ours
     folder, out = sys.argv[1], sys.argv[2]
-    model = AutoModelForCausalLM.from_pretrained(folder, tp_plan="auto", dtype=torch.float32)
+    tensor_parallel = DistributedConfig(tp_plan="auto")  # transformers 5.24 deprecates from_pretrained(tp_plan=...)
+    model = AutoModelForCausalLM.from_pretrained(folder, distributed_config=tensor_parallel, dtype=torch.float32)
     ids = torch.randint(3, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     loss = model(ids, labels=ids).loss
     loss.backward()
