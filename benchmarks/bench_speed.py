@@ -53,7 +53,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from minirope import MiniRopeConfig, MiniRopeForCausalLM, MiniRopeRotaryEmbedding
 from minirope.convert import to_llama
 from minirope.cpu_products import available as onednn_available
-from minirope.cpu_products import onednn_linear, use_measured_products
+from minirope.cpu_products import cpu_model_name, onednn_linear, use_measured_products
 from minirope.training.arguments import choose_bf16, reuse_freed_memory
 from minirope.training.throughput import matmul_peak_flops
 
@@ -139,7 +139,8 @@ def measured_or_plain(model, batch: int) -> Callable[[], int]:
     """minirope: decoding products on oneDNN where this machine measured it faster (`use_measured_products`, what
     `minirope-generate` does); Llama: its own products."""
     if isinstance(model, MiniRopeForCausalLM):
-        print(f"  measured products on oneDNN: {sorted(use_measured_products(model))}", flush=True)
+        linears = sum(type(module) is torch.nn.Linear for module in model.modules())
+        print(f"  measured products on oneDNN: {len(use_measured_products(model))} of {linears} linears", flush=True)
     return decode_case(model, batch)
 
 
@@ -179,10 +180,9 @@ CASES |= {
 def cpu_description() -> str:
     """The CPU's model name and its vector extensions that decide which kernels run (from /proc/cpuinfo)."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
     flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
     vector = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{model or platform.processor()} ({', '.join(vector) or 'no AVX2'})"
+    return f"{cpu_model_name()} ({', '.join(vector) or 'no AVX2'})"
 
 
 def case_size(name: str) -> str:

@@ -50,15 +50,18 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def machine() -> str:
-    """What the decisions depend on: the CPU's model name, torch's version and its thread count."""
-    name = platform.processor()
+def cpu_model_name() -> str:
+    """The CPU's model name (Linux `/proc/cpuinfo`; `platform.processor()` elsewhere)."""
     try:
         names = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
-        name = names[0].split(":", 1)[1].strip() if names else name
     except OSError:
-        pass
-    return f"{name} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+        names = []
+    return names[0].split(":", 1)[1].strip() if names else platform.processor()
+
+
+def machine() -> str:
+    """What the decisions depend on: the CPU's model name, torch's version and its thread count."""
+    return f"{cpu_model_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 
 def cache_path() -> Path:
