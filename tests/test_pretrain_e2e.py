@@ -2,8 +2,10 @@
 
 import contextlib
 import io
+import itertools
 import json
 import math
+import random
 import re
 import subprocess
 import sys
@@ -114,12 +116,43 @@ def test_the_tokenizer_loads_without_asking_about_remote_code(tiny_run, code):
     assert "custom code" not in result.stdout + result.stderr
 
 
-def test_second_run_reuses_the_tokenizer(tiny_run, capsys):
+def test_second_run_says_what_it_replaces_and_reuses_the_tokenizer_of_the_same_corpus(tiny_run, capsys):
     output_dir, _ = tiny_run
     vocab = (output_dir / "tokenizer.json").read_text()
     pretrain.run([*TINY_RUN, "--max_steps", "1", "--output_dir", str(output_dir)])
-    assert "tokenizer: reused" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "tokenizer: 320 tokens, reused from" in printed
     assert (output_dir / "tokenizer.json").read_text() == vocab
+    # said before any work: the line comes before the model is built
+    replaced = printed.index(f"--output_dir {output_dir} holds a finished model (written ")
+    assert "this run replaces it when it ends" in printed and replaced < printed.index("[minirope] model:")
+
+
+def test_a_new_corpus_into_a_folder_with_a_tokenizer_trains_a_new_one(tmp_path, tiny_pretrained, capsys):
+    """The folder's tokenizer records the sha256 of the text it was trained on; another corpus gets a new tokenizer,
+    and a tokenizer with no record (saved before the record existed) is not trusted either."""
+    import shutil
+
+    from minirope.training.tokenizer import CORPUS_KEY
+
+    recorded = json.loads((tiny_pretrained / "tokenizer_config.json").read_text())[CORPUS_KEY]
+    assert re.fullmatch("[0-9a-f]{64}", recorded)
+    output_dir = tmp_path / "run"
+    shutil.copytree(tiny_pretrained, output_dir)
+    corpus = tmp_path / "corpus.txt"
+    words = random.Random(0).choices(["".join(pair) for pair in itertools.product("abcdefghij", repeat=3)], k=20000)
+    corpus.write_text(" ".join(words))  # enough distinct merges for the same 320-token vocabulary
+    flags = [*TINY_RUN, "--max_steps", "1", "--train_file", str(corpus), "--validation_file", str(corpus)]
+    pretrain.run([*flags, "--output_dir", str(output_dir)])
+    printed = capsys.readouterr().out
+    assert f"trained anew: the one in {output_dir} was trained on another corpus (sha256 {recorded[:12]}" in printed
+    saved = json.loads((output_dir / "tokenizer_config.json").read_text())[CORPUS_KEY]
+    assert saved != recorded
+    config = json.loads((output_dir / "tokenizer_config.json").read_text())
+    del config[CORPUS_KEY]
+    (output_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    pretrain.run([*flags, "--output_dir", str(output_dir)])
+    assert "has no record of the corpus it was trained on" in capsys.readouterr().out
 
 
 def test_generate_cli_streams_text(tiny_run):

@@ -217,12 +217,13 @@ def build_config(model_args: ArchitectureArguments, data_args: DataArguments, to
 
 def load_tokenizer(data_args: DataArguments, train_shards, output_dir: Path, resume: str | None):
     """The tokenizer: a given one, the checkpoint's when resuming, the output folder's, or a new BPE trained on the
-    first `--tokenizer_sample_bytes` of the training text (read only then). Returns `(tokenizer, reused)`."""
+    first `--tokenizer_sample_bytes` of the training text (`load_or_train_tokenizer`: the output folder's is reused
+    only if it was trained on that same text). Returns `(tokenizer, how)`, `how` a phrase for the log."""
     source = data_args.tokenizer_name_or_path or (
         resume if resume and (Path(resume) / "tokenizer.json").is_file() else None
     )
     if source:
-        return AutoTokenizer.from_pretrained(source), True
+        return AutoTokenizer.from_pretrained(source), f"given ({source})"
     vocab_size = data_args.tokenizer_vocab_size or MiniRopeConfig().vocab_size
     sample = lambda: tokenizer_texts(train_shards, data_args.tokenizer_sample_bytes)  # noqa: E731
     return load_or_train_tokenizer(output_dir, sample, vocab_size)
@@ -294,8 +295,8 @@ def run(argv: list[str] | None = None) -> dict:
     model_args, data_args, training_args, start = start_run(dataclasses, argv)
     check_flags(data_args, training_args, start)
     train_shards = training_shards(data_args, streaming=data_args.streaming)
-    tokenizer, reused = load_tokenizer(data_args, train_shards, start.output_dir, start.resume)
-    print(f"[minirope] tokenizer: {'reused' if reused else 'trained'}, {len(tokenizer)} tokens")
+    tokenizer, how = load_tokenizer(data_args, train_shards, start.output_dir, start.resume)
+    print(f"[minirope] tokenizer: {len(tokenizer)} tokens, {how}")
     config = build_config(model_args, data_args, tokenizer)
     check_output_dir(start.output_dir, config, overwrite=training_args.overwrite_output_dir or start.resume is not None)
     check_resume(start.resume, config, training_args.max_steps, streaming=data_args.streaming)

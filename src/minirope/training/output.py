@@ -9,6 +9,7 @@ complete model), never a mix that looks complete. Checkpoints (`checkpoint-N/`) 
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -20,23 +21,39 @@ MARKERS = ("adapter_config.json", "config.json")  # moved last: their presence m
 
 
 def check_output_dir(output_dir: str | Path, config: PreTrainedConfig, overwrite: bool) -> None:
-    """Refuse an `output_dir` whose `config.json` describes a different architecture.
+    """Refuse an `output_dir` whose `config.json` describes a different architecture, and say before any work
+    when the run will replace a finished model there (same architecture, or `overwrite`): re-running a command
+    into its folder stays possible (`make demo` twice), never silent.
 
     Raises:
         ValueError: naming the first differing field, unless `overwrite` is set.
     """
     existing_file = Path(output_dir) / "config.json"
-    if overwrite or not existing_file.is_file():
+    if not existing_file.is_file():
         return
     existing = json.loads(existing_file.read_text())
     new = config.to_dict()
     for field in ("model_type", *ARCHITECTURE_FIELDS):
-        if field in existing and existing[field] != new.get(field):
+        if not overwrite and field in existing and existing[field] != new.get(field):
             raise ValueError(
                 f"--output_dir {output_dir} already holds a different model ({field} {existing[field]!r}, "
                 f"this run {new.get(field)!r}): pass --overwrite_output_dir to replace it, or choose another "
                 f"--output_dir."
             )
+    print(f"[minirope] {describe_finished(Path(output_dir))}")
+
+
+def describe_finished(output_dir: Path) -> str:
+    """One line naming the finished model in `output_dir` that this run will replace."""
+    written = time.strftime("%Y-%m-%d %H:%M", time.localtime((output_dir / "config.json").stat().st_mtime))
+    summary_file = output_dir / "run_summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    score = summary.get("validation_bits_per_byte")
+    what = f"written {written}" + (f", {score:.4f} bits/byte" if isinstance(score, float) else "")
+    return (
+        f"--output_dir {output_dir} holds a finished model ({what}): this run replaces it when it ends; "
+        f"choose another --output_dir to keep it."
+    )
 
 
 def staging_dir(output_dir: str | Path) -> Path:

@@ -31,6 +31,7 @@ markers, from which `apply_chat_template(..., return_assistant_tokens_mask=True)
 `assistant_only_loss`) find the tokens to train on.
 """
 
+import hashlib
 import logging
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -131,19 +132,44 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     )
 
 
+CORPUS_KEY = "training_corpus_sha256"  # in tokenizer_config.json: the text the tokenizer was trained on
+
+
+def corpus_fingerprint(texts: Iterable[str]) -> str:
+    """SHA-256 (hex) of `texts`, each UTF-8 encoded and followed by a NUL: the text a tokenizer is trained on."""
+    digest = hashlib.sha256()
+    for text in texts:
+        digest.update(text.encode("utf-8", "surrogatepass") + b"\0")
+    return digest.hexdigest()
+
+
 def load_or_train_tokenizer(
     path: str | Path, texts: Callable[[], Iterable[str]], vocab_size: int
-) -> tuple[PreTrainedTokenizerBase, bool]:
-    """The tokenizer saved at `path` if it has `vocab_size` entries, else a new one trained on `texts()`
-    (called only then: with a stream it reads the sample).
+) -> tuple[PreTrainedTokenizerBase, str]:
+    """The tokenizer saved at `path` if it was trained on the same `texts()` (its `tokenizer_config.json` records
+    their `corpus_fingerprint`) with `vocab_size` entries, else a new one trained on `texts()`, its fingerprint
+    recorded (saved with the model: `save_pretrained` writes it to `tokenizer_config.json`).
 
-    Returns `(tokenizer, reused)`. A trained tokenizer is not saved here: it is saved with the model.
+    Returns `(tokenizer, how)`: `how` says in one phrase whether it was reused or trained, and why.
     """
+    texts = list(texts())
+    fingerprint = corpus_fingerprint(texts)
+    how = "trained"
     if (Path(path) / "tokenizer.json").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        if len(tokenizer) == vocab_size:
-            return tokenizer, True
-    return train_tokenizer(texts(), vocab_size), False
+        saved = AutoTokenizer.from_pretrained(path)
+        recorded = saved.init_kwargs.get(CORPUS_KEY)
+        if recorded == fingerprint and len(saved) == vocab_size:
+            return saved, f"reused from {path} (trained on this corpus sample, sha256 {fingerprint[:12]})"
+        if recorded is None:
+            why = "has no record of the corpus it was trained on"
+        elif recorded != fingerprint:
+            why = f"was trained on another corpus (sha256 {recorded[:12]}, this run's {fingerprint[:12]})"
+        else:
+            why = f"has {len(saved)} tokens, not {vocab_size}"
+        how = f"trained anew: the one in {path} {why}; it is replaced when the run ends"
+    tokenizer = train_tokenizer(texts, vocab_size)
+    tokenizer.init_kwargs[CORPUS_KEY] = fingerprint
+    return tokenizer, how
 
 
 def token_byte_lengths(tokenizer: PreTrainedTokenizerBase) -> np.ndarray:
