@@ -33,11 +33,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "recipe.json"
-PLOT = Path(__file__).parent.parent / "docs" / "recipe_wall_time.png"
-CURVES_PLOT = Path(__file__).parent.parent / "docs" / "recipe_curves.png"
-BUDGET_PLOT = Path(__file__).parent.parent / "docs" / "recipe_budget.png"
-# Runs named "curve-SERIES@MINUTES" are drawn as one line per series in CURVES_PLOT (against training time),
-# runs named "budget-SERIES@GFLOPS" in BUDGET_PLOT (against the compute budget).
+PLOTS = Path(__file__).parent.parent / "docs"  # recipe_wall_time.png, recipe_curves.png, recipe_budget.png
+# Runs named "curve-SERIES@MINUTES" are drawn as one line per series in recipe_curves.png (against training time),
+# runs named "budget-SERIES@GFLOPS" in recipe_budget.png (against the compute budget).
 CURVE_LABELS = {
     "wsd": "new recipe: warmup-stable-decay (last 25 %)",
     "cosine": "the previous schedule: cosine (same model, batch, lr)",
@@ -72,11 +70,14 @@ def run(name: str, flags: list[str], keep: Path | None) -> dict:
 
 
 def training_minutes(result: dict) -> float:
-    """Steps x the run's median step time: the training time without pauses caused by other work on the host."""
+    """Steps x the run's median step time: the training time without pauses caused by other work on the host (a
+    run too short for a median after warm-up: its training seconds)."""
+    if result["step_seconds"] is None:
+        return result["train_seconds"] / 60
     return result["steps"] * result["step_seconds"] / 60
 
 
-def plot(results: dict) -> None:
+def plot(results: dict, path: Path) -> None:
     """Bits per byte against training time, one point per run, labelled with its name."""
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
     for name, result in sorted(results.items()):
@@ -90,7 +91,7 @@ def plot(results: dict) -> None:
     ax.set_title("minirope-pretrain levers: quality against training time")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(PLOT)
+    fig.savefig(path)
     plt.close(fig)
 
 
@@ -124,15 +125,17 @@ def main() -> None:
     parser.add_argument("runs", nargs="*", help="runs as 'NAME:--flag value --flag value'")
     parser.add_argument("--keep", type=Path, help="keep each run's folder under this directory")
     parser.add_argument("--plot", action="store_true", help="only redraw the plot")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the results file runs are added to")
+    parser.add_argument("--plots", type=Path, default=PLOTS, help="the folder the three plots are drawn in")
     args = parser.parse_args()
-    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    results = json.loads(args.results.read_text()) if args.results.is_file() else {}
     for spec in args.runs:
         name, _, flags = spec.partition(":")
         result = run(name, flags.split(), args.keep)
         result.update(machine=platform.processor() or platform.machine(), torch=torch.__version__)
         results[name] = result
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
         print(
             f"{name:24s} {result['bits_per_byte']:.4f} bits/byte  {result['steps']} steps  "
             f"{result['train_seconds']:.0f} s training  {result['process_seconds']:.0f} s in all  "
@@ -141,13 +144,21 @@ def main() -> None:
         )
     for name, result in sorted(results.items(), key=lambda item: item[1]["bits_per_byte"]):
         print(f"{name:24s} {result['bits_per_byte']:.4f} bits/byte in {training_minutes(result):.1f} min of training")
-    plot(results)
+    args.plots.mkdir(parents=True, exist_ok=True)
+    plot(results, args.plots / "recipe_wall_time.png")
     minutes = "training time (minutes: steps x median step time, 2-core CPU, float32)"
     title = "default model (hidden 64, batch 8, AdamW lr 3e-3): a separate run per budget"
-    plot_curves(results, "curve-", training_minutes, minutes, title, CURVES_PLOT)
+    plot_curves(results, "curve-", training_minutes, minutes, title, args.plots / "recipe_curves.png")
     budget = "compute budget (GFLOP-s: training time x the run's measured float32 peak)"
     title = "three recipes: a separate run per budget"
-    plot_curves(results, "budget-", lambda result: result["budget_gflop_seconds"], budget, title, BUDGET_PLOT)
+    plot_curves(
+        results,
+        "budget-",
+        lambda result: result["budget_gflop_seconds"],
+        budget,
+        title,
+        args.plots / "recipe_budget.png",
+    )
 
 
 if __name__ == "__main__":

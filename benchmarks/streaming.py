@@ -42,8 +42,9 @@ def text_stream(plays: list[str], seed: int):
         yield rng.choice(plays)
 
 
-def write_corpus(folder: Path, shape: str, total: int, plays: list[str]) -> str:
-    """Write `total` bytes of text in `shape` under `folder` (once); returns the --train_file glob."""
+def write_corpus(folder: Path, shape: str, total: int, plays: list[str], unit: int = MB) -> str:
+    """Write `total` bytes of text in `shape` under `folder` (once); returns the --train_file glob. The shapes'
+    sizes (100 MB shards, 1 MB and 500 MB documents) are in `unit`s of bytes (`--scale`)."""
     pattern = {"1KB-jsonl": "*.jsonl", "1MB-txt": "*.txt", "500MB-txt": "*.txt"}[shape]
     if folder.is_dir() and (folder / "done").is_file():
         return str(folder / pattern)
@@ -53,14 +54,14 @@ def write_corpus(folder: Path, shape: str, total: int, plays: list[str]) -> str:
         shard = 0
         while written < total:
             with open(folder / f"shard-{shard:04d}.jsonl", "w", encoding="utf-8") as out:
-                while out.tell() < min(100 * MB, total - written):
+                while out.tell() < min(100 * unit, total - written):
                     play = next(texts)
                     for start in range(0, len(play), 1000):  # 1 kB documents, cut between speeches or not
                         out.write(json.dumps({"text": play[start : start + 1000]}) + "\n")
                 written += out.tell()
             shard += 1
     else:
-        size = 1 * MB if shape == "1MB-txt" else 500 * MB
+        size = 1 * unit if shape == "1MB-txt" else 500 * unit
         number = 0
         while written < total:
             with open(folder / f"doc-{number:05d}.txt", "w", encoding="utf-8") as out:
@@ -72,12 +73,12 @@ def write_corpus(folder: Path, shape: str, total: int, plays: list[str]) -> str:
     return str(folder / pattern)
 
 
-def run(name: str, flags: list[str]) -> dict:
+def run(name: str, flags: list[str], extra: str = "") -> dict:
     with tempfile.TemporaryDirectory(prefix=f"stream-{name}-") as output_dir:
         command = ["/usr/bin/time", "-f", "MAXRSS_KB=%M", sys.executable, "-m", "minirope.commands.pretrain",
                    *flags, "--output_dir", output_dir, "--eval_strategy", "no", "--save_strategy", "no",
                    "--logging_steps", "50", "--disable_tqdm", "True", "--report_to", "none",
-                   "--sample_max_new_tokens", "1", "--max_eval_samples", "8"]  # fmt: skip
+                   "--sample_max_new_tokens", "1", "--max_eval_samples", "8", *extra.split()]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"{name} failed:\n{result.stderr[-3000:]}")
@@ -102,30 +103,37 @@ def main() -> None:
     parser.add_argument("--sections", nargs="+", default=["corpora", "tokenizer", "compare"],
                         choices=["corpora", "tokenizer", "compare"])  # fmt: skip
     parser.add_argument("--pairs", type=int, default=3, help="In-memory / stream pairs to compare.")
+    parser.add_argument("--scale", type=float, default=1.0, help="Corpus sizes x this (0.001: kB instead of MB).")
+    parser.add_argument("--steps", type=int, default=60, help="Training steps of each corpus run (pairs: 200).")
+    parser.add_argument("--pretrain_flags", default="", help="Flags added to every run, e.g. a smaller model.")
     args = parser.parse_args()
+    unit, steps, extra = int(args.scale * MB), str(args.steps), args.pretrain_flags
     root = Path(args.dir)
     plays = [text for name, text in shakespeare_plays().items() if name not in VALIDATION_PLAYS]
     tokenizer_dir = root / "tokenizer"
     if not (tokenizer_dir / "tokenizer.json").is_file():
         train_tokenizer(plays, vocab_size=4096).save_pretrained(tokenizer_dir)
     given = ["--tokenizer_name_or_path", str(tokenizer_dir)]
-    corpora = [("1KB-jsonl", 10 * MB), ("1MB-txt", 10 * MB), ("1KB-jsonl", 2000 * MB), ("1MB-txt", 2000 * MB),
-               ("500MB-txt", 500 * MB)]  # fmt: skip
+    corpora = [("1KB-jsonl", 10), ("1MB-txt", 10), ("1KB-jsonl", 2000), ("1MB-txt", 2000), ("500MB-txt", 500)]
     rows = []
     for shape, total in corpora if "corpora" in args.sections else []:
-        files = write_corpus(root / f"{shape}-{total // MB}MB", shape, total, plays)
-        flags = [*given, "--streaming", "True", "--train_file", files, "--max_steps", "60"]
-        rows.append({**run(f"stream {shape} {total // MB} MB", flags), "shape": shape, "corpus_mb": total // MB})
+        files = write_corpus(root / f"{shape}-{total * unit}B", shape, total * unit, plays, unit)
+        flags = [*given, "--streaming", "True", "--train_file", files, "--max_steps", steps]
+        name = f"stream {shape} {total * unit / MB:g} MB"
+        rows.append({**run(name, flags, extra), "shape": shape, "corpus_mb": total * unit / MB})
     for shape, total, sample in (
         [("500MB-txt", 500, 50), ("1MB-txt", 2000, 1000)] if "tokenizer" in args.sections else []
     ):
-        files = write_corpus(root / f"{shape}-{total}MB", shape, total * MB, plays)
-        flags = ["--streaming", "True", "--train_file", files, "--max_steps", "60",
-                 "--tokenizer_sample_bytes", str(sample * MB)]  # fmt: skip
-        rows.append(run(f"stream {shape} {total} MB, tokenizer trained on {sample} MB", flags))
+        files = write_corpus(root / f"{shape}-{total * unit}B", shape, total * unit, plays, unit)
+        flags = ["--streaming", "True", "--train_file", files, "--max_steps", steps,
+                 "--tokenizer_sample_bytes", str(sample * unit)]  # fmt: skip
+        rows.append(run(f"stream {shape} {total * unit / MB:g} MB, tokenizer trained on {sample * unit / MB:g} MB",
+                        flags, extra))  # fmt: skip
     for pair in range(args.pairs if "compare" in args.sections else 0):
-        rows.append(run(f"in memory, bundled plays ({pair + 1})", [*given, "--max_steps", "200"]))
-        rows.append(run(f"stream, bundled plays ({pair + 1})", [*given, "--streaming", "True", "--max_steps", "200"]))
+        pair_steps = str(args.steps * 10 // 3)
+        rows.append(run(f"in memory, bundled plays ({pair + 1})", [*given, "--max_steps", pair_steps], extra))
+        stream = [*given, "--streaming", "True", "--max_steps", pair_steps]
+        rows.append(run(f"stream, bundled plays ({pair + 1})", stream, extra))
     out = Path(args.out)
     previous = json.loads(out.read_text())["rows"] if out.is_file() else []
     names = {row["run"] for row in rows}

@@ -1,0 +1,168 @@
+"""The README and every page of docs/ as a user follows them: each Python block runs, each command runs and exits 0.
+
+A page is followed top to bottom in a fresh folder, as a user would in a clone after `make demo`: its blocks, Python
+and shell, run in order in one workspace where `runs/minirope-shakespeare` is a small folder written by
+`minirope-pretrain` (`tiny_pretrained`) and the files the page names (`train.txt`, `data/chat-train.jsonl`, ...)
+exist. Python blocks share one namespace per page. Commands run with flags appended that make them small (the last
+value of a flag wins); `minirope-*` commands run in this process, servers in the background until the page ends.
+Placeholders (upper-case `NAME`, `DIR`, `your-name/...`, say so on their page) are replaced by local files.
+Commands that need what a CPU test cannot have (GPUs, a cluster, the suite itself) are listed in NOT_RUN with the
+test that covers what they do.
+"""
+
+import contextlib
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TINY_RUN
+from test_chat import free_port, server
+
+ROOT = Path(__file__).parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+SMALL = {
+    "pretrain": TINY_RUN,
+    "finetune": ["--max_steps", "2", "--per_device_train_batch_size", "2", "--max_train_samples", "8",
+                 "--max_eval_samples", "4", "--block_size", "32", "--torch_compile", "False"],
+    "extend": ["--max_steps", "1", "--per_device_train_batch_size", "1", "--max_train_samples", "4",
+               "--eval_document_tokens", "64", "--repeat_distances", "8", "--repeat_samples", "1",
+               "--torch_compile", "False"],
+    "generate": ["--max_new_tokens", "8"],
+    "export": [],
+}  # fmt: skip
+PLACEHOLDERS = {
+    "DIR": "runs/minirope-shakespeare",
+    "NAME": "local-dataset",
+    '"your-name/minirope-shakespeare"': '"runs/minirope-shakespeare"',
+    "max_steps=100": "max_steps=2",
+}
+# Commands not run here: what they start with, and why / which test covers what they do.
+NOT_RUN = {
+    "make demo": "minirope-pretrain with its defaults (run here at a small size); its quality: make test-slow",
+    "make test": "the test suite itself",
+    "torchrun": "tests/test_distributed.py runs torchrun and accelerate launch with 2 CPU processes",
+    "accelerate launch": "tests/test_distributed.py (the GPU configs need GPUs)",
+    "lm_eval": "tests/test_lm_eval.py runs the lm_eval CLI on a trained folder",
+}
+SCRIPTS = ("python benchmarks/", "python examples/")
+
+
+def blocks(page: Path) -> list[tuple[str, str]]:
+    return [(match.group(1), match.group(2)) for match in BLOCK.finditer(page.read_text())]
+
+
+def commands(script: str) -> list[str]:
+    """The commands of a shell block: continuation lines joined, comments and blank lines dropped."""
+    joined = script.replace("\\\n", " ")
+    return [
+        " ".join(shlex.split(line, comments=True)) for line in joined.splitlines() if shlex.split(line, comments=True)
+    ]
+
+
+def substitute(text: str) -> str:
+    for placeholder, value in PLACEHOLDERS.items():
+        text = re.sub(rf"(?<![\w/-]){re.escape(placeholder)}(?![\w-])", value, text)
+    return text
+
+
+@pytest.fixture
+def workspace(tmp_path, tiny_pretrained, monkeypatch):
+    """A folder holding what the pages expect: the trained folder, text files, a dataset, conversations."""
+    import datasets
+
+    from minirope.training.data import shakespeare_plays
+
+    shutil.copytree(tiny_pretrained, tmp_path / "runs" / "minirope-shakespeare")
+    plays = list(shakespeare_plays().values())
+    text = plays[0][:20_000]
+    for name in ("train.txt", "valid.txt", "held_out.txt", "a.txt", "b.txt"):
+        (tmp_path / name).write_text(text)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "shard-0.jsonl").write_text(
+        "".join(json.dumps({"text": t[:5000]}) + "\n" for t in plays[:4])
+    )
+    datasets.Dataset.from_dict({"text": [t[:5000] for t in plays[4:8]]}).to_parquet(tmp_path / "more" / "0.parquet")
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": [t[:5000] for t in plays[8:12]]})}).save_to_disk(
+        tmp_path / "local-dataset"
+    )
+    shutil.copytree(tiny_pretrained, tmp_path / "my-tokenizer", ignore=shutil.ignore_patterns("*.safetensors"))
+    conversation = {"messages": [{"role": "system", "content": "HAMLET"}, {"role": "user", "content": "Who's there?"},
+                                 {"role": "assistant", "content": "Nay, answer me."}]}  # fmt: skip
+    (tmp_path / "data").mkdir()
+    for name in ("chat-train.jsonl", "chat-validation.jsonl"):
+        (tmp_path / "data" / name).write_text((json.dumps(conversation) + "\n") * 16)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run_command(command: str, servers: contextlib.ExitStack, workspace: Path) -> None:
+    """Run one documented command at a small size (see the module doc)."""
+    words = shlex.split(substitute(command))
+    program = Path(words[0]).name
+    if program.startswith("minirope-"):
+        import importlib
+
+        name = program.removeprefix("minirope-")
+        module = importlib.import_module(f"minirope.commands.{name}")
+        module.run([*words[1:], *SMALL[name]])
+    elif command.startswith(SCRIPTS):
+        script = words[1]
+        helped = subprocess.run([sys.executable, ROOT / script, "--help"], capture_output=True, text=True, cwd=ROOT)
+        assert helped.returncode == 0, helped.stderr
+        for flag in (word for word in words[2:] if word.startswith("--")):
+            assert flag in helped.stdout, f"{script} has no {flag} (tests/test_scripts.py runs it at a small size)"
+    elif program == "transformers" and words[1] == "serve":
+        port = words[words.index("--port") + 1]
+        ready = f"http://127.0.0.1:{port}/health"
+        log = workspace / f"serve-{port}.log"
+        servers.enter_context(server([sys.executable, "-m", "transformers.cli.transformers", *words[1:]], ready, log))
+    elif words[1:3] == ["-m", "llama_cpp.server"]:
+        port = words[words.index("--port") + 1]
+        log = workspace / f"llama-{port}.log"
+        servers.enter_context(server([sys.executable, *words[1:]], f"http://127.0.0.1:{port}/v1/models", log))
+    else:
+        raise AssertionError(f"a documented command this test does not know how to run: {command}")
+
+
+def page_id(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+@pytest.mark.client
+@pytest.mark.parametrize("page", [page for page in PAGES if any(kind in ("python", "bash") for kind, _ in blocks(page))],
+                         ids=page_id)  # fmt: skip
+def test_every_block_of_the_page_runs(page, workspace):
+    namespace: dict = {"__name__": "__docs__"}
+    ports = {}  # documented port -> a free one, the same for the server and its client
+    with contextlib.ExitStack() as servers:
+        for kind, code in blocks(page):
+            for port in re.findall(r"(?:--port |127\.0\.0\.1:)(\d{4})", code):
+                ports.setdefault(port, str(free_port()))
+            for documented, free in ports.items():
+                code = re.sub(rf"(?<=--port ){documented}\b|(?<=127\.0\.0\.1:){documented}\b", free, code)
+            if kind == "python":
+                exec(compile(substitute(code), f"{page_id(page)} block", "exec"), namespace)
+            elif kind == "bash":
+                for command in commands(code):
+                    if not command.startswith(tuple(NOT_RUN)):
+                        run_command(command, servers, workspace)
+
+
+def test_every_relative_link_resolves():
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
+            if not target.startswith(("http://", "https://")):
+                assert (page.parent / target).exists(), f"{page_id(page)} links to {target}, which does not exist"
+
+
+def test_a_broken_snippet_fails(tmp_path):
+    """The test can fail: a block naming an undefined variable raises, as the old README's did."""
+    with pytest.raises(NameError):
+        exec(compile("model.generate(assistant_model=small_minirope)", "block", "exec"), {})

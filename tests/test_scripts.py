@@ -1,0 +1,107 @@
+"""Every benchmark and example script runs at a tiny size, as its user would start it (a subprocess from the
+project root), and writes what it says: a refactor that breaks one fails here, not after a user's hour of training.
+
+bench_speed.py, gpu.py and fused_loss.py have their own tests (test_benchmarks.py); evals/shakespeare.py is run by
+the real lm-eval CLI (test_lm_eval.py).
+"""
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TINY_RUN
+
+ROOT = Path(__file__).parent.parent
+# The tiny model's shape, for scripts that take pretraining flags.
+TINY_SHAPE = TINY_RUN[: TINY_RUN.index("--tokenizer_vocab_size")]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_script(script: str, *args: str, timeout: int = 300) -> str:
+    """Run `script` from the project root; its stdout, or a failure with its stderr's tail."""
+    command = [sys.executable, script, *map(str, args)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-4000:]}"
+    return result.stdout
+
+
+def test_rope_plots(tmp_path):
+    printed = run_script("benchmarks/rope_plots.py", "--out", tmp_path)
+    for name in ("rope_wavelengths.png", "rope_long_term_decay.png", "rope_cos_sin_cache.png"):
+        assert (tmp_path / name).stat().st_size > 1000, name
+    assert printed.strip()
+
+
+def test_scaling_plan_prints_its_tables():
+    printed = run_script("benchmarks/scaling_plan.py")
+    assert printed.count("|---") >= 2
+
+
+def test_recipe_runs_a_pretraining_and_records_it(tmp_path):
+    results, flags = tmp_path / "recipe.json", " ".join(TINY_RUN)
+    printed = run_script("benchmarks/recipe.py", f"tiny:{flags}", "--results", results, "--plots", tmp_path)
+    record = json.loads(results.read_text())["tiny"]
+    assert record["steps"] == 6 and 0 < record["bits_per_byte"] < 10
+    assert (tmp_path / "recipe_wall_time.png").is_file() and "tiny" in printed
+
+
+def test_streaming_benchmark(tmp_path):
+    out = tmp_path / "streaming.json"
+    run_script(
+        "benchmarks/streaming.py", "--dir", tmp_path / "corpora", "--out", out, "--sections", "corpora",
+        "--scale", "0.0001", "--steps", "2", "--pretrain_flags", " ".join([*TINY_SHAPE, "--bf16", "False"]),
+    )  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 5 and all(row["peak_rss_mb"] > 0 for row in rows)
+
+
+def test_context_extension(tmp_path):
+    printed = run_script(
+        "benchmarks/context_extension.py", "--context", "16", "--max_steps", "2", "--batch_size", "2",
+        "--eval_tokens", "256", "--out", tmp_path,
+    )  # fmt: skip
+    report = json.loads((tmp_path / "context_extension.json").read_text())
+    assert {"rope", "nope", "learned absolute"} <= set(report["bits_per_byte"])
+    assert (tmp_path / "context_extension.png").is_file() and "| model, inference |" in printed
+
+
+def test_long_context(tmp_path, tiny_pretrained):
+    printed = run_script(
+        "benchmarks/long_context.py", "--base", tiny_pretrained, "--factors", "2", "--types", "yarn", "--seeds", "1",
+        "--max_steps", "1", "--eval_document_tokens", "64", "--out", tmp_path / "long_context",
+    )  # fmt: skip
+    assert "yarn-2-1" in json.loads((tmp_path / "long_context.json").read_text())
+    assert "yarn" in printed
+
+
+@pytest.mark.client
+def test_exports_benchmark(tmp_path, tiny_pretrained):
+    printed = run_script("benchmarks/exports.py", "--model", tiny_pretrained, "--output", tmp_path)
+    for name in ("llama", "onnx", "gguf f32", "gguf q8_0"):
+        assert name in printed, name
+
+
+def test_classify_plays(tmp_path, tiny_pretrained):
+    printed = run_script(
+        "examples/classify_plays.py", "--model", tiny_pretrained, "--output_dir", tmp_path, "--max_length", "32",
+        "--max_steps", "2", "--per_device_train_batch_size", "8", "--eval_strategy", "no", "--save_strategy", "no",
+        "--report_to", "none", "--use_cpu", "True",
+    )  # fmt: skip
+    assert "accuracy" in printed
+
+
+@pytest.mark.client
+def test_shakespeare_chat(tmp_path, tiny_pretrained):
+    printed = run_script(
+        "examples/shakespeare_chat.py", "--model", tiny_pretrained, "--output_dir", tmp_path / "chat",
+        "--data_dir", tmp_path / "data", "--max_steps", "2", "--port", free_port(),
+    )  # fmt: skip
+    assert "assistant-turn loss on held-out plays" in printed and printed.count("[assistant]") == 3
