@@ -54,16 +54,17 @@ NOT_RUN = {
 SCRIPTS = ("python benchmarks/", "python examples/")
 
 
-def blocks(page: Path) -> list[tuple[str, str]]:
-    return [(match.group(1), match.group(2)) for match in BLOCK.finditer(page.read_text())]
+def blocks(page: Path | str) -> list[tuple[str, str]]:
+    """`(language, code)` of each fenced block of a page (a path, or its text)."""
+    text = page.read_text() if isinstance(page, Path) else page
+    return [(match.group(1), match.group(2)) for match in BLOCK.finditer(text)]
 
 
 def commands(script: str) -> list[str]:
     """The commands of a shell block: continuation lines joined, comments and blank lines dropped."""
     joined = script.replace("\\\n", " ")
-    return [
-        " ".join(shlex.split(line, comments=True)) for line in joined.splitlines() if shlex.split(line, comments=True)
-    ]
+    words = (shlex.split(line, comments=True) for line in joined.splitlines())
+    return [shlex.join(command) for command in words if command]
 
 
 def substitute(text: str) -> str:
@@ -89,9 +90,10 @@ def workspace(tmp_path, tiny_pretrained, monkeypatch):
         "".join(json.dumps({"text": t[:5000]}) + "\n" for t in plays[:4])
     )
     datasets.Dataset.from_dict({"text": [t[:5000] for t in plays[4:8]]}).to_parquet(tmp_path / "more" / "0.parquet")
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": [t[:5000] for t in plays[8:12]]})}).save_to_disk(
-        tmp_path / "local-dataset"
-    )
+    splits = {"train": plays[8:12], "validation": plays[12:14]}
+    dataset = datasets.DatasetDict({split: datasets.Dataset.from_dict({"text": [t[:5000] for t in texts]})
+                                    for split, texts in splits.items()})  # fmt: skip
+    dataset.save_to_disk(tmp_path / "local-dataset")
     shutil.copytree(tiny_pretrained, tmp_path / "my-tokenizer", ignore=shutil.ignore_patterns("*.safetensors"))
     conversation = {"messages": [{"role": "system", "content": "HAMLET"}, {"role": "user", "content": "Who's there?"},
                                  {"role": "assistant", "content": "Nay, answer me."}]}  # fmt: skip
@@ -135,10 +137,11 @@ def page_id(page: Path) -> str:
     return str(page.relative_to(ROOT))
 
 
-@pytest.mark.client
-@pytest.mark.parametrize("page", [page for page in PAGES if any(kind in ("python", "bash") for kind, _ in blocks(page))],
-                         ids=page_id)  # fmt: skip
-def test_every_block_of_the_page_runs(page, workspace):
+WITH_CODE = [page for page in PAGES if any(kind in ("python", "bash") for kind, _ in blocks(page))]
+
+
+def follow(page: Path | str, workspace: Path, name: str = "page") -> None:
+    """Run the page's Python blocks (one namespace) and commands in order, its servers until the end."""
     namespace: dict = {"__name__": "__docs__"}
     ports = {}  # documented port -> a free one, the same for the server and its client
     with contextlib.ExitStack() as servers:
@@ -148,11 +151,35 @@ def test_every_block_of_the_page_runs(page, workspace):
             for documented, free in ports.items():
                 code = re.sub(rf"(?<=--port ){documented}\b|(?<=127\.0\.0\.1:){documented}\b", free, code)
             if kind == "python":
-                exec(compile(substitute(code), f"{page_id(page)} block", "exec"), namespace)
+                exec(compile(substitute(code), f"{name} block", "exec"), namespace)
             elif kind == "bash":
                 for command in commands(code):
                     if not command.startswith(tuple(NOT_RUN)):
                         run_command(command, servers, workspace)
+
+
+@pytest.mark.client
+@pytest.mark.parametrize("page", WITH_CODE, ids=page_id)
+def test_every_block_of_the_page_runs(page, workspace):
+    follow(page, workspace, page_id(page))
+
+
+@pytest.mark.parametrize(
+    "broken, error",
+    [
+        ("```python\nmodel.generate(**inputs, assistant_model=small_minirope)\n```", NameError),  # the old README's
+        ("```bash\nminirope-generate --model runs/minirope-shakespeare --max_new_token 5\n```", SystemExit),
+        ("```bash\npython examples/classify_plays.py --modle runs/minirope-shakespeare\n```", AssertionError),
+        (
+            "```bash\nminirope-finetune --model_name_or_path runs/minirope-shakespeare --play no-such-play\n```",
+            ValueError,
+        ),
+    ],
+)
+def test_a_page_broken_on_purpose_fails(workspace, broken, error):
+    readme = (ROOT / "README.md").read_text()
+    with pytest.raises(error):
+        follow(readme.replace("## What it does", broken + "\n\n## What it does"), workspace)
 
 
 def test_every_relative_link_resolves():
@@ -160,9 +187,3 @@ def test_every_relative_link_resolves():
         for target in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
             if not target.startswith(("http://", "https://")):
                 assert (page.parent / target).exists(), f"{page_id(page)} links to {target}, which does not exist"
-
-
-def test_a_broken_snippet_fails(tmp_path):
-    """The test can fail: a block naming an undefined variable raises, as the old README's did."""
-    with pytest.raises(NameError):
-        exec(compile("model.generate(assistant_model=small_minirope)", "block", "exec"), {})

@@ -202,3 +202,22 @@ def test_default_recipe_reaches_the_target(tmp_path):
     assert metrics["eval_bits_per_byte"] <= 1.96
     model = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert torch.isfinite(model.lm_head.weight).all()
+
+
+def test_a_new_run_removes_an_earlier_runs_checkpoints_and_says_so_first(tmp_path, tiny_pretrained, capsys):
+    """Without this, the Trainer's rotation keeps the earlier run's higher-numbered checkpoint and deletes the new
+    run's (the streaming position callback then failed on the deleted folder), and `--resume_from_checkpoint last`
+    picks the earlier run's."""
+    import shutil
+
+    output_dir = tmp_path / "run"
+    shutil.copytree(tiny_pretrained, output_dir)
+    assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == ["checkpoint-6"]
+    (output_dir / "checkpoint-6").rename(output_dir / "checkpoint-600")  # an earlier, longer run
+    pretrain.run([*TINY_RUN, "--max_steps", "3", "--save_total_limit", "1", "--output_dir", str(output_dir)])
+    printed = capsys.readouterr().out
+    said = printed.index(f"{output_dir} holds checkpoints of an earlier run (checkpoint-600)")
+    assert said < printed.index("[minirope] model:")
+    assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == ["checkpoint-3"]
+    state = json.loads((output_dir / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["global_step"] == 3 and state["max_steps"] == 3

@@ -43,7 +43,13 @@ from minirope.training.data import (
     validation_windows,
 )
 from minirope.training.evaluation import DISTANCES, repeat_test
-from minirope.training.output import check_output_dir, finish_run, model_card, optimizer_description
+from minirope.training.output import (
+    check_output_dir,
+    finish_run,
+    model_card,
+    optimizer_description,
+    remove_old_checkpoints,
+)
 from minirope.training.trainer import MiniRopeTrainer, parallelism
 
 # The scalings minirope-extend writes, with the parameters it sets beside `factor` and
@@ -204,7 +210,9 @@ def run(argv: list[str] | None = None) -> dict:
     model_args, args, data_args, training_args, start = start_run(dataclasses, argv)
     check_output(start.output_dir, "--output_dir", {"--model_name_or_path": model_args.model_name_or_path})
     config, original = scaled_config(model_args, args, data_args)
-    check_output_dir(start.output_dir, config, overwrite=training_args.overwrite_output_dir or start.resume is not None)
+    check_output_dir(
+        start.output_dir, config, overwrite=training_args.overwrite_output_dir, resuming=start.resume is not None
+    )
     check_resume(start.resume, config, training_args.max_steps)
     model, tokenizer = load_causal_lm(model_args, config=config, attn_implementation=training_args.attention())
     train_shards, validation = training_shards(data_args), validation_shards(data_args)
@@ -228,6 +236,8 @@ def run(argv: list[str] | None = None) -> dict:
     before = (evaluate_at(trainer, windows, "before"), repeats_before)
     train_metrics, after = {}, ({key.replace("before", "after", 1): v for key, v in before[0].items()}, before[1])
     if training_args.do_train:
+        if start.resume is None:
+            remove_old_checkpoints(start.output_dir)
         train_metrics = trainer.train(resume_from_checkpoint=start.resume).metrics
         after = (evaluate_at(trainer, windows, "after"), repeats(trainer.model, tokenizer, documents, args))
 

@@ -41,7 +41,13 @@ from minirope.training.data import (
     validation_shards,
 )
 from minirope.training.metrics import IGNORE_INDEX
-from minirope.training.output import check_output_dir, finish_run, model_card, optimizer_description
+from minirope.training.output import (
+    check_output_dir,
+    finish_run,
+    model_card,
+    optimizer_description,
+    remove_old_checkpoints,
+)
 from minirope.training.tokenizer import add_chat_template
 from minirope.training.trainer import MiniRopeTrainer, final_evaluation
 
@@ -202,7 +208,7 @@ def run(argv: list[str] | None = None) -> dict:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     check_output_dir(
-        start.output_dir, model.config, overwrite=training_args.overwrite_output_dir or start.resume is not None
+        start.output_dir, model.config, overwrite=training_args.overwrite_output_dir, resuming=start.resume is not None
     )
     check_resume(start.resume, model.config, training_args.max_steps)
     data_args.block_size = data_args.block_size or model.config.max_position_embeddings
@@ -220,6 +226,8 @@ def run(argv: list[str] | None = None) -> dict:
     trainer = MiniRopeTrainer(model=model, args=training_args, processing_class=tokenizer, **data)
 
     before = trainer.evaluate(metric_key_prefix="eval")
+    if start.resume is None:
+        remove_old_checkpoints(start.output_dir)
     train_result = trainer.train(resume_from_checkpoint=start.resume)
     after = final_evaluation(trainer)
     if lora_args.lora and lora_args.merge_lora:

@@ -38,7 +38,13 @@ from minirope.training.data import (
     validation_shards,
     validation_windows,
 )
-from minirope.training.output import check_output_dir, finish_run, model_card, optimizer_description
+from minirope.training.output import (
+    check_output_dir,
+    finish_run,
+    model_card,
+    optimizer_description,
+    remove_old_checkpoints,
+)
 from minirope.training.throughput import ThroughputCallback, training_flops_per_token
 from minirope.training.tokenizer import RESERVED_TOKENS, load_or_train_tokenizer
 from minirope.training.trainer import MiniRopeTrainer, final_evaluation, parallelism
@@ -298,7 +304,9 @@ def run(argv: list[str] | None = None) -> dict:
     tokenizer, how = load_tokenizer(data_args, train_shards, start.output_dir, start.resume)
     print(f"[minirope] tokenizer: {len(tokenizer)} tokens, {how}")
     config = build_config(model_args, data_args, tokenizer)
-    check_output_dir(start.output_dir, config, overwrite=training_args.overwrite_output_dir or start.resume is not None)
+    check_output_dir(
+        start.output_dir, config, overwrite=training_args.overwrite_output_dir, resuming=start.resume is not None
+    )
     check_resume(start.resume, config, training_args.max_steps, streaming=data_args.streaming)
     train, validation = datasets(train_shards, tokenizer, data_args, training_args)
     model = new_model(config, training_args)
@@ -322,6 +330,8 @@ def run(argv: list[str] | None = None) -> dict:
         processing_class=tokenizer,
     )
 
+    if start.resume is None:
+        remove_old_checkpoints(start.output_dir)
     train_result = trainer.train(resume_from_checkpoint=start.resume)
     eval_metrics = final_evaluation(trainer)
 

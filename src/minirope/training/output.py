@@ -12,6 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
+from accelerate import PartialState
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers import PreTrainedConfig, TrainingArguments
 
@@ -20,27 +21,52 @@ from minirope.configuration_minirope import ARCHITECTURE_FIELDS
 MARKERS = ("adapter_config.json", "config.json")  # moved last: their presence means "complete"
 
 
-def check_output_dir(output_dir: str | Path, config: PreTrainedConfig, overwrite: bool) -> None:
-    """Refuse an `output_dir` whose `config.json` describes a different architecture, and say before any work
-    when the run will replace a finished model there (same architecture, or `overwrite`): re-running a command
-    into its folder stays possible (`make demo` twice), never silent.
+def check_output_dir(output_dir: str | Path, config: PreTrainedConfig, overwrite: bool, resuming: bool) -> None:
+    """What a run does to an `output_dir` that holds another run, decided and said before any work.
+
+    - A finished model of another architecture is refused (unless `overwrite`); one of the same architecture (or
+      with `overwrite`) is replaced when the run ends, and a line says so now: re-running a command into its folder
+      stays possible (`make demo` twice), never silent.
+    - A new run (not `resuming`) will remove the earlier run's `checkpoint-N` folders when it starts training
+      (`remove_old_checkpoints`), and a line names them now: the Trainer would mix them with its own (its rotation
+      keeps the highest numbers, deleting the new run's, and `--resume_from_checkpoint last` would pick the old run's).
 
     Raises:
-        ValueError: naming the first differing field, unless `overwrite` is set.
+        ValueError: naming the first differing field, unless `overwrite` (or `resuming`) is set.
     """
-    existing_file = Path(output_dir) / "config.json"
-    if not existing_file.is_file():
-        return
-    existing = json.loads(existing_file.read_text())
-    new = config.to_dict()
-    for field in ("model_type", *ARCHITECTURE_FIELDS):
-        if not overwrite and field in existing and existing[field] != new.get(field):
-            raise ValueError(
-                f"--output_dir {output_dir} already holds a different model ({field} {existing[field]!r}, "
-                f"this run {new.get(field)!r}): pass --overwrite_output_dir to replace it, or choose another "
-                f"--output_dir."
-            )
-    print(f"[minirope] {describe_finished(Path(output_dir))}")
+    output_dir = Path(output_dir)
+    existing_file = output_dir / "config.json"
+    if existing_file.is_file():
+        existing = json.loads(existing_file.read_text())
+        new = config.to_dict()
+        for field in ("model_type", *ARCHITECTURE_FIELDS):
+            if not (overwrite or resuming) and field in existing and existing[field] != new.get(field):
+                raise ValueError(
+                    f"--output_dir {output_dir} already holds a different model ({field} {existing[field]!r}, "
+                    f"this run {new.get(field)!r}): pass --overwrite_output_dir to replace it, or choose another "
+                    f"--output_dir."
+                )
+        print(f"[minirope] {describe_finished(output_dir)}")
+    old = old_checkpoints(output_dir) if not resuming else []
+    if old:
+        print(
+            f"[minirope] {output_dir} holds checkpoints of an earlier run ({', '.join(path.name for path in old)}): "
+            f"they are removed when training starts, as the Trainer would mix them with this run's (pass "
+            f"--resume_from_checkpoint last to continue that run instead)."
+        )
+
+
+def old_checkpoints(output_dir: str | Path) -> list[Path]:
+    """The `checkpoint-N` folders in `output_dir`."""
+    return sorted(path for path in Path(output_dir).glob("checkpoint-*") if path.is_dir())
+
+
+def remove_old_checkpoints(output_dir: str | Path) -> None:
+    """Remove an earlier run's `checkpoint-N` folders from `output_dir` (announced by `check_output_dir`), on the main
+    process, when a new run starts training: after every check of its data and flags has passed."""
+    if PartialState().is_main_process:
+        for path in old_checkpoints(output_dir):
+            shutil.rmtree(path)
 
 
 def describe_finished(output_dir: Path) -> str:
