@@ -69,7 +69,7 @@ def test_context_extension(tmp_path):
         "--eval_tokens", "256", "--out", tmp_path,
     )  # fmt: skip
     report = json.loads((tmp_path / "context_extension.json").read_text())
-    assert {"rope", "nope", "learned absolute"} <= set(report["bits_per_byte"])
+    assert {"rope, no scaling", "rope + YaRN", "nope", "learned absolute"} <= set(report["bits_per_byte"])
     assert (tmp_path / "context_extension.png").is_file() and "| model, inference |" in printed
 
 
