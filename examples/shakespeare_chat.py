@@ -1,8 +1,9 @@
 """Chat with a Shakespeare model: the bundled plays' dialogue as conversations, a conversational fine-tune of a
 pretrained minirope folder, and the result behind `transformers serve`, asked through the `openai` client.
 
-Each reply by another speaker becomes one conversation: the replying speaker's name as the system turn, the
-speech before it as the user turn, the reply as the assistant turn (`minirope.training.data.shakespeare_conversations`).
+Each reply by another speaker becomes one conversation: the replying speaker's name as the system turn,
+the speech before it as the user turn, the reply as the assistant turn
+(`minirope.training.corpus.shakespeare_conversations`).
 
     make demo                                              # runs/minirope-shakespeare
     python examples/shakespeare_chat.py                    # fine-tune, export, serve, ask; a few minutes on 2 cores
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from minirope.commands import finetune
 from minirope.export import export_llama
-from minirope.training.data import shakespeare_conversations
+from minirope.training.corpus import shakespeare_conversations
 
 QUESTIONS = [
     ("HAMLET", "Who's there?"),

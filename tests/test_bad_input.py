@@ -11,7 +11,7 @@ from conftest import TINY_RUN, random_model, tiny_config
 from transformers import AutoModelForCausalLM, Trainer
 
 from minirope.commands import finetune, generate, pretrain
-from minirope.training.data import shakespeare_dataset
+from minirope.training.corpus import shakespeare_dataset
 from minirope.training.tokenizer import train_tokenizer
 
 

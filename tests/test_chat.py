@@ -20,10 +20,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from minirope import MiniRopeConfig, MiniRopeForCausalLM
 from minirope.commands import finetune
 from minirope.export import export_gguf, export_llama
+from minirope.tokenizer_format import CHAT_TOKENS, RESERVED_TOKENS
 from minirope.training.chat import conversation_features
-from minirope.training.data import shakespeare_conversations, shakespeare_dataset
+from minirope.training.corpus import shakespeare_conversations, shakespeare_dataset
 from minirope.training.metrics import IGNORE_INDEX
-from minirope.training.tokenizer import CHAT_TOKENS, RESERVED_TOKENS
 
 HAMLET = [
     {"role": "system", "content": "HAMLET"},

@@ -9,16 +9,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from minirope.commands import pretrain
-from minirope.training.data import (
-    TextDataArguments,
-    bundled_shards,
-    document_texts,
-    play_shards,
-    shakespeare_dataset,
-    tokenize_and_block,
-    training_shards,
-)
+from minirope.training.corpus import bundled_shards, play_shards, shakespeare_dataset
+from minirope.training.data import TextDataArguments, tokenize_and_block
 from minirope.training.metrics import IGNORE_INDEX
+from minirope.training.sources import document_texts, training_shards
 from minirope.training.tokenizer import train_tokenizer
 
 BLOCK = 256

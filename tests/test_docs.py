@@ -78,7 +78,7 @@ def workspace(tmp_path, tiny_pretrained, monkeypatch):
     """A folder holding what the pages expect: the trained folder, text files, a dataset, conversations."""
     import datasets
 
-    from minirope.training.data import shakespeare_plays
+    from minirope.training.corpus import shakespeare_plays
 
     shutil.copytree(tiny_pretrained, tmp_path / "runs" / "minirope-shakespeare")
     plays = list(shakespeare_plays().values())
@@ -187,3 +187,17 @@ def test_every_relative_link_resolves():
         for target in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
             if not target.startswith(("http://", "https://")):
                 assert (page.parent / target).exists(), f"{page_id(page)} links to {target}, which does not exist"
+
+
+def test_the_architecture_page_names_every_module():
+    """docs/architecture.md is the map of the code: a module added without a line there fails here."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    source = ROOT / "src" / "minirope"
+    missing = [
+        str(path.relative_to(source))
+        for path in sorted(source.rglob("*.py"))
+        if path.parent.name != "commands" and f"`{path.name}`" not in page
+    ]
+    assert not missing, f"docs/architecture.md does not name {missing}"
+    for command in (source / "commands").glob("*.py"):
+        assert command.name == "__init__.py" or f"`{command.stem}`" in page, command.name

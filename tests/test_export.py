@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 from minirope import MiniRopeForCausalLM
 from minirope.commands import pretrain
 from minirope.export import export_gguf, export_llama, export_onnx
-from minirope.training.data import shakespeare_dataset
+from minirope.training.corpus import shakespeare_dataset
 
 pytestmark = pytest.mark.client
 

@@ -22,15 +22,10 @@ from transformers import PreTrainedTokenizerFast
 from minirope.commands import pretrain
 from minirope.training import documents
 from minirope.training.blocks import BlockStream, shuffled_shards
-from minirope.training.data import (
-    TextDataArguments,
-    block_stream,
-    shakespeare_plays,
-    tokenize_and_block,
-    tokenizer_texts,
-    training_shards,
-)
+from minirope.training.corpus import shakespeare_plays
+from minirope.training.data import TextDataArguments, block_stream, tokenize_and_block
 from minirope.training.documents import TextFile, Texts, file_shard
+from minirope.training.sources import tokenizer_texts, training_shards
 from minirope.training.tokenizer import PIECE_CHARS, TextPieces, train_tokenizer
 
 # The pre-tokenizer regex of Meta-Llama-3-8B's tokenizer.json (an oracle independent of minirope's copy)

@@ -30,8 +30,9 @@ from transformers import PreTrainedTokenizerBase
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from minirope.convert import half_split_to_interleaved, to_llama
-from minirope.folders import GENERATION_TAG, PRE_TOKENIZER_PATTERN, ModelArguments, load_causal_lm
+from minirope.folders import ModelArguments, load_causal_lm
 from minirope.modeling_minirope import MiniRopeForCausalLM
+from minirope.tokenizer_format import GENERATION_TAG, PRE_TOKENIZER_PATTERN
 
 FORMATS = ("llama", "gguf", "onnx")
 GGUF_OUTTYPES = ("f32", "f16", "q8_0")

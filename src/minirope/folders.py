@@ -6,7 +6,6 @@ that a folder that is not there, is not a model, holds corrupt weights or lacks 
 """
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,17 +13,6 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedConfig, PreTrainedTokenizerBase
 
 import minirope  # noqa: F401  (registers the minirope classes with the Auto factories)
-
-# What a minirope tokenizer in a folder looks like (written by `minirope.training.tokenizer`, read by the exports too):
-# transformers' Jinja tags around the tokens an assistant-only loss trains on
-GENERATION_TAG = re.compile(r"\{%-?\s*(end)?generation\s*-?%\}")
-# Llama 3's pre-tokenizer regex (Meta-Llama-3-8B's tokenizer.json; llama.cpp's `llama-bpe`): contractions, letters
-# with at most one other character before them, digits in threes, punctuation with the newlines after it, white
-# space ending in newlines, other white space.
-PRE_TOKENIZER_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
-    r"\s+(?!\S)|\s+"
-)
 
 
 @dataclass

@@ -33,23 +33,16 @@ from minirope.commands import run_cli
 from minirope.folders import ModelArguments, check_output, load_causal_lm, load_config
 from minirope.training.arguments import MiniRopeTrainingArguments, start_run
 from minirope.training.checkpoints import check_resume
-from minirope.training.data import (
-    TextDataArguments,
-    data_description,
-    document_texts,
-    training_blocks,
-    training_shards,
-    validation_shards,
-    validation_windows,
-)
+from minirope.training.data import TextDataArguments, data_description, training_blocks, validation_windows
 from minirope.training.evaluation import DISTANCES, repeat_test
 from minirope.training.output import (
-    check_output_dir,
+    check_previous_run,
     finish_run,
     model_card,
     optimizer_description,
     remove_old_checkpoints,
 )
+from minirope.training.sources import document_texts, training_shards, validation_shards
 from minirope.training.trainer import MiniRopeTrainer, parallelism
 
 # The scalings minirope-extend writes, with the parameters it sets beside `factor` and
@@ -210,7 +203,7 @@ def run(argv: list[str] | None = None) -> dict:
     model_args, args, data_args, training_args, start = start_run(dataclasses, argv)
     check_output(start.output_dir, "--output_dir", {"--model_name_or_path": model_args.model_name_or_path})
     config, original = scaled_config(model_args, args, data_args)
-    check_output_dir(
+    check_previous_run(
         start.output_dir, config, overwrite=training_args.overwrite_output_dir, resuming=start.resume is not None
     )
     check_resume(start.resume, config, training_args.max_steps)

@@ -30,24 +30,18 @@ from minirope.folders import ModelArguments, check_output, load_causal_lm
 from minirope.training.arguments import MiniRopeTrainingArguments, parse_cli_args, start_run
 from minirope.training.chat import conversation_examples, dataset_conversations, load_conversations
 from minirope.training.checkpoints import check_resume
-from minirope.training.data import (
-    TextDataArguments,
-    data_description,
-    data_kind,
-    play_shards,
-    prompt_completion_examples,
-    tokenize_and_block,
-    training_shards,
-    validation_shards,
-)
+from minirope.training.corpus import play_shards
+from minirope.training.data import TextDataArguments, data_description, tokenize_and_block
 from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.output import (
-    check_output_dir,
+    check_previous_run,
     finish_run,
     model_card,
     optimizer_description,
     remove_old_checkpoints,
 )
+from minirope.training.sources import data_kind, training_shards, validation_shards
+from minirope.training.supervised import prompt_completion_examples
 from minirope.training.tokenizer import add_chat_template
 from minirope.training.trainer import MiniRopeTrainer, final_evaluation
 
@@ -207,7 +201,7 @@ def run(argv: list[str] | None = None) -> dict:
     model, tokenizer = load_causal_lm(model_args, attn_implementation=training_args.attention())
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    check_output_dir(
+    check_previous_run(
         start.output_dir, model.config, overwrite=training_args.overwrite_output_dir, resuming=start.resume is not None
     )
     check_resume(start.resume, model.config, training_args.max_steps)

@@ -26,6 +26,7 @@ from transformers import AutoTokenizer, GenerationConfig, SchedulerType, set_see
 from minirope import MiniRopeConfig, MiniRopeForCausalLM
 from minirope.commands import run_cli
 from minirope.folders import check_output
+from minirope.tokenizer_format import RESERVED_TOKENS
 from minirope.training.arguments import OPTIM_HIDDEN_HELP, MiniRopeTrainingArguments, parse_cli_args, start_run
 from minirope.training.checkpoints import check_resume
 from minirope.training.data import (
@@ -33,21 +34,19 @@ from minirope.training.data import (
     block_stream,
     data_description,
     tokenize_and_block,
-    tokenizer_texts,
-    training_shards,
-    validation_shards,
     validation_windows,
 )
 from minirope.training.output import (
-    check_output_dir,
+    check_previous_run,
     finish_run,
     model_card,
     optimizer_description,
     remove_old_checkpoints,
 )
+from minirope.training.sources import tokenizer_texts, training_shards, validation_shards
 from minirope.training.throughput import ThroughputCallback, training_flops_per_token
-from minirope.training.tokenizer import RESERVED_TOKENS, load_or_train_tokenizer
-from minirope.training.trainer import MiniRopeTrainer, final_evaluation, parallelism
+from minirope.training.tokenizer import load_or_train_tokenizer
+from minirope.training.trainer import MiniRopeTrainer, check_stream_workers, final_evaluation, parallelism
 
 SAMPLE_PROMPT = "ROMEO:\nBut soft, what light"
 METRICS = {
@@ -221,7 +220,7 @@ def build_config(model_args: ArchitectureArguments, data_args: DataArguments, to
     return config
 
 
-def load_tokenizer(data_args: DataArguments, train_shards, output_dir: Path, resume: str | None):
+def pretraining_tokenizer(data_args: DataArguments, train_shards, output_dir: Path, resume: str | None):
     """The tokenizer: a given one, the checkpoint's when resuming, the output folder's, or a new BPE trained on the
     first `--tokenizer_sample_bytes` of the training text (`load_or_train_tokenizer`: the output folder's is reused
     only if it was trained on that same text). Returns `(tokenizer, how)`, `how` a phrase for the log."""
@@ -270,11 +269,8 @@ def check_flags(data_args: DataArguments, training_args: PretrainingArguments, s
     """
     if data_args.streaming and training_args.max_steps <= 0:
         raise ValueError("--streaming needs --max_steps > 0: a stream has no length to count epochs in.")
-    if data_args.streaming and training_args.dataloader_num_workers:
-        raise ValueError(
-            "--streaming reads and tokenizes the stream in the training process: drop --dataloader_num_workers (or "
-            "set it to 0)."
-        )
+    if data_args.streaming:
+        check_stream_workers(training_args.dataloader_num_workers)
     check_output(start.output_dir, "--output_dir", {"--tokenizer_name_or_path": data_args.tokenizer_name_or_path})
 
 
@@ -301,10 +297,10 @@ def run(argv: list[str] | None = None) -> dict:
     model_args, data_args, training_args, start = start_run(dataclasses, argv)
     check_flags(data_args, training_args, start)
     train_shards = training_shards(data_args, streaming=data_args.streaming)
-    tokenizer, how = load_tokenizer(data_args, train_shards, start.output_dir, start.resume)
+    tokenizer, how = pretraining_tokenizer(data_args, train_shards, start.output_dir, start.resume)
     print(f"[minirope] tokenizer: {len(tokenizer)} tokens, {how}")
     config = build_config(model_args, data_args, tokenizer)
-    check_output_dir(
+    check_previous_run(
         start.output_dir, config, overwrite=training_args.overwrite_output_dir, resuming=start.resume is not None
     )
     check_resume(start.resume, config, training_args.max_steps, streaming=data_args.streaming)

@@ -1,13 +1,13 @@
 """Conversations: `{"messages": [...]}` rows checked, rendered with the tokenizer's chat template
-(`minirope.training.tokenizer.CHAT_TEMPLATE`), and labelled for a loss on the assistant turns only."""
+(`minirope.tokenizer_format.CHAT_TEMPLATE`), and labelled for a loss on the assistant turns only."""
 
 from datasets import Dataset, DatasetDict
 from transformers import PreTrainedTokenizerBase
 
-from minirope.training.data import keep_labelled
+from minirope.tokenizer_format import ROLES
 from minirope.training.documents import records
 from minirope.training.metrics import IGNORE_INDEX
-from minirope.training.tokenizer import ROLES
+from minirope.training.supervised import keep_labelled
 
 
 def check_conversation(messages, where: str) -> list[dict]:

@@ -111,11 +111,8 @@ def check_resume(resume: str | None, config: PreTrainedConfig, max_steps: int, s
     """
     if resume is None:
         return
-    if streaming and not (Path(resume) / "stream_state.json").is_file():
-        raise ValueError(
-            f"--resume_from_checkpoint {resume} holds no stream_state.json, the stream's position: resume a streaming "
-            f"run from a checkpoint of a streaming run."
-        )
+    if streaming:
+        read_stream_state(resume)
     config_file = Path(resume) / "config.json"
     saved = json.loads(config_file.read_text()) if config_file.is_file() else {}
     new = config.to_dict()
@@ -131,3 +128,21 @@ def check_resume(resume: str | None, config: PreTrainedConfig, max_steps: int, s
             f"--resume_from_checkpoint {resume} is at step {step}, and --max_steps is {max_steps}: nothing is left to "
             f"train; raise --max_steps to train further."
         )
+
+
+STREAM_STATE = "stream_state.json"  # in each checkpoint of a streaming run: the stream's position
+
+
+def read_stream_state(checkpoint: str | Path) -> dict:
+    """The stream's position saved in `checkpoint` (`minirope.training.trainer.StreamPosition`).
+
+    Raises:
+        ValueError: the checkpoint holds none (not a streaming run's).
+    """
+    state_file = Path(checkpoint) / STREAM_STATE
+    if not state_file.is_file():
+        raise ValueError(
+            f"--resume_from_checkpoint {checkpoint} holds no {STREAM_STATE}, the stream's position: resume a streaming "
+            f"run from a checkpoint of a streaming run."
+        )
+    return json.loads(state_file.read_text())

@@ -21,7 +21,7 @@ from minirope.configuration_minirope import ARCHITECTURE_FIELDS
 MARKERS = ("adapter_config.json", "config.json")  # moved last: their presence means "complete"
 
 
-def check_output_dir(output_dir: str | Path, config: PreTrainedConfig, overwrite: bool, resuming: bool) -> None:
+def check_previous_run(output_dir: str | Path, config: PreTrainedConfig, overwrite: bool, resuming: bool) -> None:
     """What a run does to an `output_dir` that holds another run, decided and said before any work.
 
     - A finished model of another architecture is refused (unless `overwrite`); one of the same architecture (or
@@ -62,7 +62,7 @@ def old_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def remove_old_checkpoints(output_dir: str | Path) -> None:
-    """Remove an earlier run's `checkpoint-N` folders from `output_dir` (announced by `check_output_dir`), on the main
+    """Remove an earlier run's `checkpoint-N` folders from `output_dir` (announced by `check_previous_run`), on the main
     process, when a new run starts training: after every check of its data and flags has passed."""
     if PartialState().is_main_process:
         for path in old_checkpoints(output_dir):

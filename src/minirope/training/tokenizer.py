@@ -19,16 +19,7 @@ merges across pre-tokens. Each cut is also checked on the text around it (the tw
 the ids of both together), and a tokenizer for which such cuts are not exact (a normalizer or pre-tokenizer
 that looks further, e.g. SentencePiece's prefix space) has its documents tokenized whole.
 
-The chat template (`CHAT_TEMPLATE`) is Zephyr's format (HuggingFaceH4/zephyr-7b-beta): each turn is its role
-marker, a newline, the content and the eos token, then a newline; the generation prompt is the assistant marker
-and a newline, so the model answers and closes its turn with eos, where `generate()` and every server stop:
-
-    <|system|>\nYou are Hamlet.</s>\n<|user|>\nWho is there?</s>\n<|assistant|>\nNay, answer me.</s>\n
-
-The three role markers are special tokens (one id each, never produced from text, dropped by
-`decode(..., skip_special_tokens=True)`). The assistant's content and its eos sit inside `{% generation %}`
-markers, from which `apply_chat_template(..., return_assistant_tokens_mask=True)` (and TRL's
-`assistant_only_loss`) find the tokens to train on.
+The format it writes (pre-tokenizer regex, special tokens, the chat template) is `minirope.tokenizer_format`.
 """
 
 import hashlib
@@ -41,29 +32,15 @@ import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from minirope.folders import GENERATION_TAG, PRE_TOKENIZER_PATTERN
-
-ROLES = ("system", "user", "assistant")
-CHAT_TOKENS = [f"<|{role}|>" for role in ROLES]
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if message['role'] not in ['system', 'user', 'assistant'] -%}"
-    "{{ raise_exception('unknown role ' + message['role'] + ': use system, user or assistant') }}"
-    "{%- endif -%}"
-    "{{ '<|' + message['role'] + '|>\\n' }}"
-    "{%- if message['role'] == 'assistant' -%}"
-    "{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}"
-    "{%- else -%}"
-    "{{ message['content'] + eos_token }}"
-    "{%- endif -%}"
-    "{{ '\\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|assistant|>\\n' }}{%- endif -%}"
+from minirope.tokenizer_format import (
+    CHAT_TEMPLATE,
+    CHAT_TOKENS,
+    GENERATION_TAG,
+    PRE_TOKENIZER_PATTERN,
+    RESERVED_TOKENS,
+    SPECIAL_TOKENS,
 )
 
-
-SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
-RESERVED_TOKENS = len(SPECIAL_TOKENS) + len(CHAT_TOKENS) + 256  # special tokens and bytes: the rest are merges
 # Where a text may be cut: a single space or a single newline between two other characters.
 CUT_POINT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")
 PIECE_CHARS = 1 << 16  # characters per piece: about 16k tokens

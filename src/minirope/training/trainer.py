@@ -11,12 +11,23 @@ from transformers import SchedulerType, Trainer, TrainerCallback, default_data_c
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_peft_model
 
 from minirope.training.blocks import BlockStream
-from minirope.training.checkpoints import last_complete_checkpoint
+from minirope.training.checkpoints import STREAM_STATE, last_complete_checkpoint, read_stream_state
 from minirope.training.errors import NonFiniteLossError
 from minirope.training.metrics import language_model_metrics
 from minirope.training.optimizers import MuonWithAdamW
 
-STREAM_STATE = "stream_state.json"
+
+def check_stream_workers(num_workers: int) -> None:
+    """A stream is read and tokenized in the training process (its position is saved with each checkpoint).
+
+    Raises:
+        ValueError: `num_workers` data-loader workers were asked for.
+    """
+    if num_workers:
+        raise ValueError(
+            "--streaming reads and tokenizes the stream in the training process: drop --dataloader_num_workers (or "
+            "set it to 0)."
+        )
 
 
 class MiniRopeTrainer(Trainer):
@@ -44,11 +55,7 @@ class MiniRopeTrainer(Trainer):
             # IterableDatasetShard, once batch dispatching is off): the same global batches as one process, and
             # the same position in every process. With dispatching (accelerate's default for a stream: process
             # 0 reads and sends) the position saved counted a batch read ahead, and a resumed run drifted.
-            if self.args.dataloader_num_workers:
-                raise ValueError(
-                    "--streaming reads and tokenizes the stream in the training process: drop "
-                    "--dataloader_num_workers (or set it to 0)."
-                )
+            check_stream_workers(self.args.dataloader_num_workers)
             self.accelerator.dataloader_config.dispatch_batches = False
             self.stream_position = StreamPosition(self.train_dataset)
             self.add_callback(self.stream_position)
@@ -58,16 +65,10 @@ class MiniRopeTrainer(Trainer):
         it (`StreamPosition`) instead of reading and skipping every batch already trained (`ignore_data_skip`).
 
         Raises:
-            FileNotFoundError: resuming a stream from a checkpoint that holds no stream position.
+            ValueError: resuming a stream from a checkpoint that holds no stream position.
         """
         if self.stream_position is not None and isinstance(resume_from_checkpoint, str):
-            state_file = Path(resume_from_checkpoint) / STREAM_STATE
-            if not state_file.is_file():
-                raise FileNotFoundError(
-                    f"{resume_from_checkpoint} holds no {STREAM_STATE}, the stream's position: resume a streaming run "
-                    f"from a checkpoint of a streaming run."
-                )
-            self.stream_position.resume_state = json.loads(state_file.read_text())
+            self.stream_position.resume_state = read_stream_state(resume_from_checkpoint)
             self.args.ignore_data_skip = True
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 

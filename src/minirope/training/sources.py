@@ -1,0 +1,128 @@
+"""Where a run's documents come from: `--train_file`/`--validation_file` files of one kind (text, prompt/completion
+records or conversations), a `--dataset_name` split, or the bundled plays, as shards (`minirope.training.documents`);
+and the text a tokenizer is trained on."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from datasets import load_dataset
+
+from minirope.training.corpus import bundled_shards
+from minirope.training.data import TextDataArguments
+from minirope.training.documents import (
+    DatasetStream,
+    Shard,
+    Texts,
+    expand_files,
+    file_shard,
+    record_fields,
+)
+from minirope.training.tokenizer import TextPieces
+
+KIND_NAMES = {"text": "text", "prompt_completion": "prompt/completion records", "messages": "conversations"}
+
+
+def data_kind(files: list[str], text_column: str) -> str:
+    """What a list of data files holds, all alike: `"text"` (`.txt` files, or records with `text_column`),
+    `"prompt_completion"` (records with `prompt` and `completion`) or `"messages"` (conversations).
+
+    Raises:
+        ValueError: records with none of these, or files of two kinds (naming one of each).
+    """
+    kinds = {}
+    for path in expand_files(files, flag="--train_file/--validation_file"):
+        fields = record_fields(path)
+        if not fields and Path(path).suffix == ".txt" or text_column in fields:
+            kinds.setdefault("text", path)
+        elif {"prompt", "completion"} <= fields:
+            kinds.setdefault("prompt_completion", path)
+        elif "messages" in fields:
+            kinds.setdefault("messages", path)
+        else:
+            raise ValueError(
+                f"data file {path} has records with fields {sorted(fields)}: give a {text_column!r} field (text, or "
+                f"pass --text_column), 'prompt' and 'completion', or 'messages' (conversations)."
+            )
+    if len(kinds) > 1:
+        (kind, path), (other, other_path) = [(KIND_NAMES[kind], path) for kind, path in list(kinds.items())[:2]]
+        raise ValueError(f"the data files mix {kind} ({path}) and {other} ({other_path}): give files of one kind.")
+    return next(iter(kinds), "text")
+
+
+def dataset_shards(args: TextDataArguments, split: str, streaming: bool = False) -> list[Shard]:
+    """The `split` of `--dataset_name` as one shard: streamed with `datasets` (`streaming=True`), or loaded.
+
+    Raises:
+        ValueError: the dataset has no such split or no `--text_column`.
+    """
+    name = args.dataset_name
+    try:
+        dataset = load_dataset(name, args.dataset_config_name, split=split, streaming=streaming)
+    except FileNotFoundError as error:
+        reason = (str(error).strip().splitlines() or ["not found"])[0]
+        raise FileNotFoundError(
+            f"--dataset_name {name}: no such dataset folder, and none on the Hub ({reason}): check the name, or give "
+            f"--train_file/--validation_file."
+        ) from None
+    except ValueError as error:
+        if "split" not in str(error).lower():
+            raise
+        raise ValueError(
+            f"Dataset {name} has no {split!r} split: pass one with --{'train' if split == 'train' else 'validation'}"
+            f"_file."
+        ) from None
+    columns = dataset.column_names
+    if columns is not None and args.text_column not in columns:
+        raise ValueError(f"Dataset {name} has no column {args.text_column!r} (columns: {columns}): pass --text_column.")
+    if streaming:
+        return [DatasetStream(dataset, args.text_column, f"{name} {split}")]
+    rows = range(len(dataset))
+    return [Texts(dataset[args.text_column], [f"{name} {split} row {row}" for row in rows], f"{name} {split}")]
+
+
+def training_shards(args: TextDataArguments, streaming: bool = False) -> list[Shard]:
+    """Where the training documents come from: `--train_file` files and globs, `--dataset_name`'s `train`
+    split, or (neither) the bundled training plays. Every file is checked before any is read.
+
+    Raises:
+        ValueError, FileNotFoundError: both sources given, or a missing, empty or unsupported file.
+    """
+    if args.dataset_name and (args.train_file or args.validation_file):
+        raise ValueError("Give either --dataset_name or --train_file/--validation_file, not both.")
+    if not streaming and bool(args.train_file) != bool(args.validation_file):
+        raise ValueError("Give both --train_file and --validation_file, or neither.")
+    if args.train_file:
+        return [file_shard(path, args.text_column) for path in expand_files(args.train_file)]
+    if args.dataset_name:
+        return dataset_shards(args, "train", streaming)
+    return bundled_shards("train")
+
+
+def validation_shards(args: TextDataArguments) -> list[Shard]:
+    """The held-out documents: `--validation_file` files, `--dataset_name`'s `validation` split, or the bundled
+    validation plays."""
+    if args.validation_file:
+        files = expand_files(args.validation_file, flag="--validation_file")
+        return [file_shard(path, args.text_column) for path in files]
+    if args.dataset_name:
+        return dataset_shards(args, "validation")
+    return bundled_shards("validation")
+
+
+def document_texts(shards: list[Shard]) -> list[str]:
+    """The whole text of every document of `shards` (for held-out documents, which are held in memory)."""
+    return ["".join(document.read(0)) for shard in shards for document in shard.documents()]
+
+
+def tokenizer_texts(shards: list[Shard], max_bytes: int) -> Iterator[str]:
+    """The first `max_bytes` of text of `shards` (about: to the end of a piece), in pieces of at most
+    `minirope.training.tokenizer.PIECE_CHARS`, cut between pre-tokens: what a tokenizer is trained on,
+    with memory bounded by a piece whatever the size of the documents."""
+    pieces, total = TextPieces(None), 0
+    for shard in shards:
+        for document in shard.documents():
+            for text in pieces.pieces(document.read(0)):
+                yield text
+                total += len(text.encode("utf-8"))
+                if total >= max_bytes:
+                    return
