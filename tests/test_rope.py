@@ -27,7 +27,7 @@ def test_cache_equals_closed_form_including_past_its_initial_length():
 
     far = torch.tensor([[16, 40, 1000]])  # past the initial 16 rows: the cache grows
     cos, sin = rope(torch.zeros(1), far)
-    assert rope.max_seq_len_cached >= 1001
+    assert rope.cached_positions >= 1001
     want_cos, want_sin = closed_form(config, far)
     # float32 angles m * theta lose ~m * 6e-8 rad of precision, as in LlamaRotaryEmbedding
     torch.testing.assert_close(cos.double(), want_cos, rtol=0, atol=1e-4)
@@ -68,3 +68,26 @@ def test_rotation_preserves_norm_and_scores_depend_only_on_relative_position():
     for score in scores[1:]:
         torch.testing.assert_close(score, scores[0], rtol=1e-5, atol=1e-5)
     assert not torch.allclose((q5 * k9).sum(), (q * k).sum())  # and it does depend on n - m
+
+
+def test_compiled_length_dependent_types_follow_llama_past_the_tables():
+    """`dynamic` and `longrope` rescale `inv_freq` with transformers' `dynamic_rope_update` (Llama's code); compiled,
+    the tables follow the rescaled frequencies at every length, past the trained context and back (before 2026-11-24
+    a compiled graph kept the frequencies it was traced with)."""
+    import pytest
+    from conftest import llama_twin, random_model
+
+    head = tiny_config().head_dim // 2
+    for rope_parameters in (
+        {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+        {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * head, "long_factor": [2.0] * head,
+         "original_max_position_embeddings": 16},
+    ):  # fmt: skip
+        model = random_model(tiny_config(rope_parameters=rope_parameters))
+        llama = llama_twin(model)
+        compiled = torch.compile(model.forward)
+        for length in (48, 20, 10, 70):  # the tables start at 32 positions
+            ids = torch.randint(3, 97, (1, length), generator=torch.Generator().manual_seed(length))
+            with torch.no_grad():
+                got, want = compiled(input_ids=ids).logits, llama(input_ids=ids).logits
+            assert (got - want).abs().max().item() == pytest.approx(0, abs=1e-4), (rope_parameters["rope_type"], length)

@@ -1,7 +1,7 @@
 """minirope: a Llama-architecture causal LM with Rotary Position Embedding.
 
 RoPE follows RoFormer (Su et al. 2021, arXiv:2104.09864) in the layout of transformers'
-`LlamaRotaryEmbedding`: a cos/sin cache of shape `(max_seq_len_cached, head_dim)` gathered by
+`LlamaRotaryEmbedding`: a cos/sin cache of shape `(cached_positions, head_dim)` gathered by
 `position_ids`, and `rotate_half`. The rest of the network is Llama's (pre-norm RMSNorm,
 grouped-query attention, SwiGLU MLP) with the same module and parameter names, so a state dict moves
 between `MiniRopeForCausalLM` and `transformers.LlamaForCausalLM` unchanged.
@@ -19,7 +19,6 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
@@ -233,10 +232,8 @@ class MiniRopePreTrainedModel(MiniRopeLoadingMixin, PreTrainedModel):
         # the cos/sin tables derived from them are rebuilt here.
         super()._init_weights(module)
         if isinstance(module, MiniRopeRotaryEmbedding):
-            module.rope_seq_len = module.original_max_seq_len
-            cos, sin = module.compute_cos_sin(module.max_seq_len_cached)
-            init.copy_(module.cos_cached, cos)
-            init.copy_(module.sin_cached, sin)
+            module.max_seq_len_cached = module.original_max_seq_len
+            module.reset_cache()
 
 
 class MiniRopeModel(MiniRopePreTrainedModel):
