@@ -21,7 +21,6 @@ after training; the output folder is Hub-ready (model or adapter, tokenizer, mod
 """
 
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from transformers import DataCollatorForSeq2Seq, default_data_collator
 
@@ -95,32 +94,38 @@ class FinetuneDataArguments(TextDataArguments):
 
     play: str | None = field(default=None, metadata={"help": "A play of the bundled corpus, e.g. the-tempest."})
 
-    @cached_property
-    def kind(self) -> str:
-        """What the data holds: "text", "prompt_completion" or "messages" (`data_kind` for files; a
-        `--dataset_name` dataset with a `messages` column and no `--text_column` is "messages")."""
-        files = [*(self.train_file or []), *(self.validation_file or [])]
-        if files:
-            return data_kind(files, self.text_column)
-        if self.dataset_name and not self.play:
-            columns = self.dataset.column_names
-            if "messages" in columns["train"] and self.text_column not in columns["train"]:
-                return "messages"
-        return "text"
 
-    @cached_property
-    def dataset(self):
-        """`--dataset_name` (with `--dataset_config_name`), loaded with `datasets.load_dataset`."""
-        from datasets import load_dataset
+def data_kind_and_dataset(data_args: FinetuneDataArguments) -> tuple[str, object]:
+    """What the data holds, "text", "prompt_completion" or "messages" (`data_kind` for files; a `--dataset_name`
+    dataset with a `messages` column and no `--text_column` is "messages"), and the `--dataset_name` dataset loaded
+    with `datasets.load_dataset` (None without one).
 
-        return load_dataset(self.dataset_name, self.dataset_config_name)
+    Raises:
+        ValueError: a --train_file without a --validation_file (or the reverse), files of mixed kinds or records of
+            none (`data_kind`).
+    """
+    if bool(data_args.train_file) != bool(data_args.validation_file):
+        raise ValueError(
+            "Give both --train_file and --validation_file (held-out rows of the same kind), or neither: the "
+            "model is evaluated before and after fine-tuning."
+        )
+    files = [*(data_args.train_file or []), *(data_args.validation_file or [])]
+    if files:
+        return data_kind(files, data_args.text_column), None
+    if not data_args.dataset_name or data_args.play:
+        return "text", None
+    from datasets import load_dataset
+
+    dataset = load_dataset(data_args.dataset_name, data_args.dataset_config_name)
+    columns = dataset.column_names["train"]
+    return ("messages" if "messages" in columns and data_args.text_column not in columns else "text"), dataset
 
 
-def chat_tokens(data_args: FinetuneDataArguments, model, tokenizer) -> list[int]:
+def chat_tokens(kind: str, model, tokenizer) -> list[int]:
     """For conversations: the chat template on `tokenizer` (`add_chat_template`), and the ids of the role markers
     it had to add, for which the model's embeddings grow (`resize_token_embeddings`: new rows start at the mean of
     the others). [] for other data, or when the tokenizer already had them."""
-    if data_args.kind != "messages":
+    if kind != "messages":
         return []
     before = len(tokenizer)
     if not add_chat_template(tokenizer):
@@ -152,18 +157,12 @@ def parse_args(argv: list[str] | None = None) -> tuple:
     return parse_cli_args((ModelArguments, LoraArguments, FinetuneDataArguments, FinetuningArguments), argv)
 
 
-def datasets_and_collator(data_args: FinetuneDataArguments, tokenizer, seed: int):
+def datasets_and_collator(data_args: FinetuneDataArguments, kind: str, dataset, tokenizer, seed: int):
     """The training and validation examples of the data flags, and the collator that batches them.
 
     Raises:
         ValueError, OSError: no data or two sources, files of mixed kinds, or a bad file (naming it).
     """
-    if bool(data_args.train_file) != bool(data_args.validation_file):
-        raise ValueError(
-            "Give both --train_file and --validation_file (held-out rows of the same kind), or neither: the "
-            "model is evaluated before and after fine-tuning."
-        )
-    kind = data_args.kind
     if kind == "prompt_completion":
         train, validation = prompt_completion_examples(
             data_args.train_file, data_args.validation_file, tokenizer, data_args
@@ -173,7 +172,7 @@ def datasets_and_collator(data_args: FinetuneDataArguments, tokenizer, seed: int
         if data_args.train_file:
             conversations = load_conversations(data_args.train_file, data_args.validation_file)
         else:
-            conversations = dataset_conversations(data_args.dataset, data_args.dataset_name)
+            conversations = dataset_conversations(dataset, data_args.dataset_name)
         limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples}
         train, validation = conversation_examples(conversations, tokenizer, data_args.block_size, limits)
         return train, validation, DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX)
@@ -211,9 +210,10 @@ def run(argv: list[str] | None = None) -> dict:
             f"--block_size {data_args.block_size} is longer than the model's context "
             f"{model.config.max_position_embeddings}: lower --block_size (or fine-tune with a scaled rope_parameters)."
         )
-    new_token_ids = chat_tokens(data_args, model, tokenizer)
+    kind, dataset = data_kind_and_dataset(data_args)
+    new_token_ids = chat_tokens(kind, model, tokenizer)
     model = lora_args.wrap(model, new_token_ids)
-    train, validation, collator = datasets_and_collator(data_args, tokenizer, training_args.seed)
+    train, validation, collator = datasets_and_collator(data_args, kind, dataset, tokenizer, training_args.seed)
     trainable = sum(param.numel() for param in model.parameters() if param.requires_grad)
     print(f"[minirope] fine-tuning {trainable / 1e6:.3f}M parameters on {len(train)} sequences")
     data = {"train_dataset": train, "eval_dataset": validation, "data_collator": collator}
