@@ -102,10 +102,8 @@ def fused_causal_lm_loss(
 
 
 # Rows per chunk of `LinearCrossEntropy`, at least: enough that the weight-gradient product (V x rows x D) is
-# compute-bound rather than a pass over the (V, D) accumulator per chunk. CPU, 2-core AVX2 EPYC, V = 128,256
-# (benchmarks/fused_loss.py): 16 rows (the former 2M logits a chunk) 0.42x Llama's step, 256 rows 1.16x; a sweep
-# taken under load ranked 256 rows first, ahead of 64 and of 1,024 (which also took twice the memory).
-# Accelerators move ~100x more FLOPs per byte: 1,024 rows (reasoned, not yet measured on a GPU).
+# compute-bound rather than a pass over the (V, D) accumulator per chunk; accelerators move ~100x more FLOPs per
+# byte, so more rows there. The measurements behind both: docs/performance.md, "Constants and their measurements".
 MIN_CHUNK_ROWS_CPU = 256
 MIN_CHUNK_ROWS_ACCELERATOR = 1024
 CHUNK_LOGITS = 2**21  # more rows while a chunk's float32 logits stay within 8 MiB (small vocabularies)

@@ -27,8 +27,8 @@ class MiniRopeLoadingMixin:
 
         A model registered for an Auto class (as `import minirope` registers these, so that `save_pretrained`
         ships the code) is custom code to transformers, and `generate()` then reads `inspect.signature(forward)`
-        at every step (transformers 5's `cache_position` check for custom models): 34 us per token, 1.8 % of a
-        greedy step of the default model on a 2-core AVX2 CPU; with `__signature__` set, 9 us.
+        at every step (transformers 5's `cache_position` check for custom models); with `__signature__` set it
+        reads this one (the saving, measured: docs/performance.md, "Constants and their measurements").
         """
         super().__init_subclass__(**kwargs)
         if "forward" in cls.__dict__:

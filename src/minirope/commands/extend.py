@@ -234,12 +234,31 @@ def run(argv: list[str] | None = None) -> dict:
         train_metrics = trainer.train(resume_from_checkpoint=start.resume).metrics
         after = (evaluate_at(trainer, windows, "after"), repeats(trainer.model, tokenizer, documents, args))
 
-    return report(trainer, model_args, args, data_args, start, original, eval_sizes, before, after, train_metrics)
-
-
-def report(trainer, model_args, args, data_args, start, original, eval_sizes, before, after, train_metrics) -> dict:
-    """Write the folder (model, card, metrics, summary), print the measures before -> after, return the summary."""
     (before, repeats_before), (after, repeats_after) = before, after
+    measures = Measures(original, eval_sizes, before, after, repeats_before, repeats_after, train_metrics)
+    return report(trainer, model_args, args, data_args, start, measures)
+
+
+@dataclass
+class Measures:
+    """What an extension measured: the validation metrics at each evaluated length and the repeat test, before and
+    after fine-tuning, and the Trainer's training metrics."""
+
+    original: int  # the context before the extension, in tokens
+    eval_sizes: list[int]
+    before: dict
+    after: dict
+    repeats_before: list[dict]
+    repeats_after: list[dict]
+    train_metrics: dict
+
+
+def report(trainer, model_args, args, data_args, start, measures: Measures) -> dict:
+    """Write the folder (model, card, metrics, summary), print the measures before -> after, return the summary."""
+    original, eval_sizes, train_metrics = measures.original, measures.eval_sizes, measures.train_metrics
+    before, after, repeats_before, repeats_after = (
+        measures.before, measures.after, measures.repeats_before, measures.repeats_after
+    )  # fmt: skip
     config, steps, base = trainer.model.config, trainer.state.global_step, model_args.model_name_or_path
     tokens = steps * trainer.args.world_size * data_args.block_size * trainer.args.per_device_train_batch_size
     tokens *= trainer.args.gradient_accumulation_steps

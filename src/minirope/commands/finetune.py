@@ -227,12 +227,26 @@ def run(argv: list[str] | None = None) -> dict:
     if lora_args.lora and lora_args.merge_lora:
         trainer.model = trainer.model.merge_and_unload()
 
-    report(trainer, model_args, lora_args, data_args, start, trainable, before, after, train_result.metrics)
+    report(trainer, model_args, lora_args, data_args, start, Measures(trainable, before, after, train_result.metrics))
     return {"before": before, "after": after}
 
 
-def report(trainer, model_args, lora_args, data_args, start, trainable, before, after, train_metrics) -> None:
+@dataclass
+class Measures:
+    """What a fine-tune measured: its trainable parameters, the validation metrics before and after, and the
+    Trainer's training metrics."""
+
+    trainable: int
+    before: dict
+    after: dict
+    train_metrics: dict
+
+
+def report(trainer, model_args, lora_args, data_args, start, measures: Measures) -> None:
     """Write the folder (model or adapter, card, metrics, summary) and print the before -> after line."""
+    trainable, before, after, train_metrics = (
+        measures.trainable, measures.before, measures.after, measures.train_metrics
+    )  # fmt: skip
     steps, base = trainer.state.global_step, model_args.model_name_or_path
     summary = {
         "base_model": base,
