@@ -54,7 +54,8 @@ from minirope import MiniRopeConfig, MiniRopeForCausalLM, MiniRopeRotaryEmbeddin
 from minirope.convert import to_llama
 from minirope.cpu_products import available as onednn_available
 from minirope.cpu_products import cpu_model_name, onednn_linear, use_measured_products
-from minirope.training.arguments import choose_bf16, reuse_freed_memory
+from minirope.training.arguments import reuse_freed_memory
+from minirope.training.precision import choose_bf16
 from minirope.training.throughput import matmul_peak_flops
 
 RESULTS = Path(__file__).parent / "results"

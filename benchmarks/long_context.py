@@ -26,6 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from minirope.commands import extend  # noqa: E402
+from minirope.rope_scaling import EXTENSIONS
 from minirope.training.evaluation import DISTANCES  # noqa: E402
 
 EVAL_SIZES = (256, 512, 1024, 2048)
@@ -86,7 +87,7 @@ def tables(results: dict, factors, types) -> str:
 
 
 def plot(results: dict, factors, types, out: Path) -> None:
-    colors = dict(zip(extend.EXTENSIONS, ("black", "tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True))
+    colors = dict(zip(EXTENSIONS, ("black", "tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True))
     for kind in ("bpb", "repeat"):
         fig, axes = plt.subplots(1, len(factors), figsize=(6.2 * len(factors), 4.4), dpi=120, squeeze=False)
         for ax, factor in zip(axes[0], factors, strict=True):
@@ -135,7 +136,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="runs/minirope-shakespeare", help="The default pretrained model folder.")
     parser.add_argument("--factors", type=int, nargs="+", default=[4, 8])
-    parser.add_argument("--types", nargs="+", default=list(extend.EXTENSIONS))
+    parser.add_argument("--types", nargs="+", default=list(EXTENSIONS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--max_steps", type=int, default=extend.ExtendingArguments.max_steps)
     parser.add_argument("--learning_rate", type=float, default=extend.ExtendingArguments.learning_rate)

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from minirope import MiniRopeForSequenceClassification
 from minirope.commands import extend
+from minirope.rope_scaling import EXTENSIONS, extended_rope
 from minirope.training.blocks import document_windows, insert_repeats
 from minirope.training.evaluation import repeat_test, repeat_windows
 from minirope.training.metrics import IGNORE_INDEX
@@ -26,11 +27,11 @@ TINY_EXTEND = [
 # fmt: on
 
 
-@pytest.mark.parametrize("rope_type", list(extend.EXTENSIONS))
+@pytest.mark.parametrize("rope_type", list(EXTENSIONS))
 def test_extended_config_gives_llamas_logits(rope_type):
     """The fields `minirope-extend` writes mean the same in transformers' LlamaForCausalLM (the oracle), at 4x."""
     config = tiny_config()
-    config.update(extend.extended_rope(config, rope_type, 4.0, 4 * config.max_position_embeddings))
+    config.update(extended_rope(config, rope_type, 4.0, 4 * config.max_position_embeddings))
     model = random_model(config, attn="eager")
     llama = llama_twin(model)
     assert llama.config.max_position_embeddings == config.max_position_embeddings
@@ -44,7 +45,7 @@ def test_extended_config_gives_llamas_logits(rope_type):
 
 def test_extended_fields():
     config = tiny_config()  # trained at 32
-    yarn = extend.extended_rope(config, "yarn", 4.0, 128)
+    yarn = extended_rope(config, "yarn", 4.0, 128)
     assert yarn["max_position_embeddings"] == 128
     assert yarn["rope_parameters"] == {
         "rope_type": "yarn",
@@ -54,13 +55,13 @@ def test_extended_fields():
         "beta_fast": 32.0,
         "beta_slow": 1.0,
     }
-    assert extend.extended_rope(config, "dynamic", 4.0, 128)["max_position_embeddings"] == 32  # rescales past it
-    default = extend.extended_rope(config, "default", 4.0, 100)
+    assert extended_rope(config, "dynamic", 4.0, 128)["max_position_embeddings"] == 32  # rescales past it
+    default = extended_rope(config, "default", 4.0, 100)
     assert default == {
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
         "max_position_embeddings": 100,
     }
-    llama3 = extend.extended_rope(config, "llama3", 8.0, 256)["rope_parameters"]
+    llama3 = extended_rope(config, "llama3", 8.0, 256)["rope_parameters"]
     assert (llama3["low_freq_factor"], llama3["high_freq_factor"], llama3["factor"]) == (1.0, 4.0, 8.0)
 
 

@@ -21,11 +21,12 @@ from transformers import PreTrainedTokenizerFast
 
 from minirope.commands import pretrain
 from minirope.training import documents
-from minirope.training.blocks import BlockStream, shuffled_shards
 from minirope.training.corpus import shakespeare_plays
 from minirope.training.data import TextDataArguments, block_stream, tokenize_and_block
-from minirope.training.documents import TextFile, Texts, file_shard
+from minirope.training.documents import TextFile, Texts
+from minirope.training.records import file_shard
 from minirope.training.sources import tokenizer_texts, training_shards
+from minirope.training.stream import BlockStream, shuffled_shards
 from minirope.training.tokenizer import PIECE_CHARS, TextPieces, train_tokenizer
 
 # The pre-tokenizer regex of Meta-Llama-3-8B's tokenizer.json (an oracle independent of minirope's copy)
@@ -191,7 +192,7 @@ MEASURE_RSS = """
 import resource, sys
 from itertools import islice
 from transformers import AutoTokenizer
-from minirope.training.blocks import BlockStream, shuffled_shards
+from minirope.training.stream import BlockStream, shuffled_shards
 from minirope.training.documents import TextFile
 tokenizer = AutoTokenizer.from_pretrained(sys.argv[2])
 stream = BlockStream([TextFile(sys.argv[1])], tokenizer, block_size=256, shuffle_buffer=256)

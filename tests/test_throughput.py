@@ -118,7 +118,7 @@ def test_precision_and_compile_defaults_follow_the_bf16_measurement(monkeypatch)
 def test_the_bf16_measurement_gives_one_answer_on_this_cpu():
     """Five measurements, one decision: the speedup is far from the margin on either side (native bf16 2-6x,
     emulated bf16 below 0.1x), which is what keeps a busy host from flipping the default run's precision."""
-    from minirope.training.arguments import BF16_MARGIN, bf16_speedup
+    from minirope.training.precision import BF16_MARGIN, bf16_speedup
 
     speedups = [bf16_speedup(torch.device("cpu")) for _ in range(5)]
     print("bf16 speedups:", [f"{speedup:.3g}" for speedup in speedups])

@@ -332,12 +332,26 @@ def run(argv: list[str] | None = None) -> dict:
     eval_metrics = final_evaluation(trainer)
 
     text = sample(model, tokenizer, data_args.sample_prompt, data_args.sample_max_new_tokens, training_args.seed)
-    report(trainer, data_args, start, throughput, train_result.metrics, eval_metrics, text)
+    report(trainer, data_args, start, Measures(throughput, train_result.metrics, eval_metrics, text))
     return eval_metrics
 
 
-def report(trainer, data_args, start, throughput, train_metrics, eval_metrics, text) -> None:
+@dataclass
+class Measures:
+    """What a pretraining run measured: its speed and compute (`ThroughputCallback`), the Trainer's training
+    metrics, the final validation metrics, and the sample ("" for none)."""
+
+    throughput: ThroughputCallback
+    train_metrics: dict
+    eval_metrics: dict
+    sample: str
+
+
+def report(trainer, data_args, start, measures: Measures) -> None:
     """Write the folder (model, tokenizer, card, metrics, run summary) and print the results, the speed, the sample."""
+    throughput, train_metrics, eval_metrics, text = (
+        measures.throughput, measures.train_metrics, measures.eval_metrics, measures.sample
+    )  # fmt: skip
     args, config = trainer.args, trainer.model.config
     steps, n_params, speed = trainer.state.global_step, trainer.model.num_parameters(), throughput.metrics()
     tokens = steps * args.world_size * throughput.tokens_per_step

@@ -19,65 +19,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from minirope.training.checkpoints import resolve_resume
 from minirope.training.optimizers import MUON_MOMENTUM
-
-# bf16 is chosen on a CPU only where its products beat float32's by this factor: a CPU with native bf16
-# (AVX512_BF16, AMX) measures 2-6x, one without emulates it 100x or more slower.
-BF16_MARGIN = 1.5
-PRECISION_ROUNDS = 15
-PRECISION_SHAPE = (1024, 256, 768)  # rows x inner x out: a decoder product of a small model's training step
-
-
-def bf16_speedup(device: torch.device) -> float | None:
-    """How many times faster bf16 matrix products run than float32 ones on `device` (a CPU), or None elsewhere.
-
-    Times a `PRECISION_SHAPE` product in each dtype, alternating, for `PRECISION_ROUNDS` rounds on one thread, and
-    compares the fastest of each: the kernels' own speed, which another process busy on the same cores (a shared
-    host, a second run) can slow down but not speed up; with all threads or medians, a busy host measured anything
-    from 0.5x to 5.7x on one AVX512_BF16 CPU. A first round where bf16 is over 10x slower settles it at once
-    (emulated bf16: the rest would take seconds).
-    """
-    if device.type != "cpu":
-        return None
-    rows, inner, out = PRECISION_SHAPE
-    operands = {dtype: (torch.randn(rows, inner, dtype=dtype), torch.randn(inner, out, dtype=dtype)) for dtype in
-                (torch.float32, torch.bfloat16)}  # fmt: skip
-    best = dict.fromkeys(operands, float("inf"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for _ in range(2):  # warm-up: the first bf16 product also builds oneDNN's kernel for the shape
-            for a, b in operands.values():
-                a @ b
-        for round_ in range(PRECISION_ROUNDS):
-            for dtype, (a, b) in operands.items():
-                start = time.perf_counter()
-                a @ b
-                best[dtype] = min(best[dtype], time.perf_counter() - start)
-            if round_ == 0 and best[torch.bfloat16] > 10 * best[torch.float32]:
-                break
-    finally:
-        torch.set_num_threads(threads)
-    return best[torch.float32] / best[torch.bfloat16]
-
-
-def choose_bf16(device: torch.device) -> tuple[bool, str]:
-    """The default precision on `device`, and the line that says why.
-
-    On CUDA, bf16 where the GPU supports it; on other accelerators float32; on a CPU, bf16 where its products run at
-    least `BF16_MARGIN` times faster than float32's (`bf16_speedup`), else float32.
-    """
-    if device.type == "cuda":
-        supported = torch.cuda.is_bf16_supported()
-        return supported, f"precision: {'bf16' if supported else 'float32'} (bf16 supported by this GPU: {supported})"
-    speedup = bf16_speedup(device)
-    if speedup is None:
-        return False, f"precision: float32 (the default on {device.type})"
-    bf16 = speedup >= BF16_MARGIN
-    return bf16, (
-        f"precision: {'bf16' if bf16 else 'float32'} (bf16 products {speedup:.2g}x float32's on this CPU; bf16 from "
-        f"{BF16_MARGIN}x; --bf16 True/False decides instead)"
-    )
-
+from minirope.training.precision import choose_bf16
 
 OPTIM_HIDDEN_HELP = (
     "Optimizer of the decoder's hidden matrices: adamw (--optim, like every other parameter) or muon (Muon, with "
@@ -105,7 +47,7 @@ class MiniRopeTrainingArguments(TrainingArguments):
         default=None,
         metadata={
             "help": "bf16 mixed precision. Default: on where bf16 matrix products run 1.5x faster than float32 ones "
-            "or more (timed at start, printed; see minirope.training.arguments.choose_bf16), else float32."
+            "or more (timed at start, printed; see minirope.training.precision.choose_bf16), else float32."
         },
     )
     use_cpu: bool | None = field(

@@ -5,8 +5,8 @@ from datasets import Dataset, DatasetDict
 from transformers import PreTrainedTokenizerBase
 
 from minirope.tokenizer_format import ROLES
-from minirope.training.documents import records
 from minirope.training.metrics import IGNORE_INDEX
+from minirope.training.records import records
 from minirope.training.supervised import keep_labelled
 
 

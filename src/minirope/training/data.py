@@ -28,9 +28,10 @@ import numpy as np
 from datasets import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from minirope.training.blocks import BlockStream, document_frame, document_windows, token_pieces
+from minirope.training.blocks import document_frame, document_windows, token_pieces
 from minirope.training.corpus import BUNDLED_CORPUS
 from minirope.training.documents import Shard
+from minirope.training.stream import BlockStream
 from minirope.training.tokenizer import TextPieces
 
 

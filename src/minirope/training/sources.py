@@ -9,14 +9,8 @@ from datasets import load_dataset
 
 from minirope.training.corpus import bundled_shards
 from minirope.training.data import TextDataArguments
-from minirope.training.documents import (
-    DatasetStream,
-    Shard,
-    Texts,
-    expand_files,
-    file_shard,
-    record_fields,
-)
+from minirope.training.documents import DatasetStream, Shard, Texts, expand_files
+from minirope.training.records import file_shard, record_fields
 from minirope.training.tokenizer import TextPieces
 
 KIND_NAMES = {"text": "text", "prompt_completion": "prompt/completion records", "messages": "conversations"}

@@ -5,8 +5,8 @@ from datasets import Dataset, DatasetDict
 from transformers import PreTrainedTokenizerBase
 
 from minirope.training.data import TextDataArguments
-from minirope.training.documents import records
 from minirope.training.metrics import IGNORE_INDEX
+from minirope.training.records import records
 
 
 def load_prompt_completion(train_files: list[str], validation_files: list[str]) -> DatasetDict:

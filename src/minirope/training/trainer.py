@@ -10,11 +10,11 @@ import torch
 from transformers import SchedulerType, Trainer, TrainerCallback, default_data_collator
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_peft_model
 
-from minirope.training.blocks import BlockStream
 from minirope.training.checkpoints import STREAM_STATE, last_complete_checkpoint, read_stream_state
 from minirope.training.errors import NonFiniteLossError
 from minirope.training.metrics import language_model_metrics
 from minirope.training.optimizers import MuonWithAdamW
+from minirope.training.stream import BlockStream
 
 
 def check_stream_workers(num_workers: int) -> None:
