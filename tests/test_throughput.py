@@ -102,10 +102,10 @@ def test_precision_and_compile_defaults_follow_the_bf16_measurement(monkeypatch)
     """`--bf16` unset: bf16 where its products are `BF16_MARGIN` times faster or more; `--torch_compile`
     (pretraining) follows it; the choice comes with the line that says why."""
     from minirope.commands import pretrain
-    from minirope.training import arguments
+    from minirope.training import precision
 
     for speedup, bf16 in ((3.9, True), (1.49, False), (0.007, False)):
-        monkeypatch.setattr(arguments, "bf16_speedup", lambda device, speedup=speedup: speedup)
+        monkeypatch.setattr(precision, "bf16_speedup", lambda device, speedup=speedup: speedup)
         args = pretrain.parse_args(["--use_cpu", "True"])[2]
         assert (args.bf16, args.torch_compile) == (bf16, bf16)
         assert args.precision_line.startswith(
