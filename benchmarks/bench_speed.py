@@ -10,7 +10,9 @@ resident set (Linux VmHWM) over the resident set before the case; ratio < 1: min
 process per measurement matters: the allocator keeps freed pages, so a second case in one process looks free.
 
 Cases: a training step (forward + backward + AdamW; minirope with `skip_logits=True`, as `MiniRopeTrainer`
-calls it) in fp32 and in bf16 autocast at ~1M, 12M and 100M parameters; prefill; greedy decode at batch
+calls it) in fp32 and in bf16 autocast at ~1M, 12M and 100M parameters, and in fp32 again with minirope's training
+products on oneDNN where this machine measures it faster (`use_measured_products(model, training=True)`, as a float32
+eager minirope command does); prefill; greedy decode at batch
 1 and 8 with the default dynamic cache (both models run `nn.Linear`'s products), and again with minirope's decoding
 products on oneDNN where this machine measures it faster (`use_measured_products`, as `minirope-generate` does);
 minirope with a static cache and a compiled forward
@@ -145,6 +147,16 @@ def measured_or_plain(model, batch: int) -> Callable[[], int]:
     return decode_case(model, batch)
 
 
+def measured_training_or_plain(model, batch: int, length: int) -> Callable[[], int]:
+    """minirope: training products on oneDNN where this machine measured it faster (`use_measured_products(model,
+    training=True)`, what a float32 eager minirope command does); Llama: its own products."""
+    if isinstance(model, MiniRopeForCausalLM):
+        linears = sum(type(module) is torch.nn.Linear for module in model.modules())
+        chosen = use_measured_products(model, training=True)
+        print(f"  measured training products on oneDNN: {len(chosen)} of {linears} linears", flush=True)
+    return train_case(model, batch, length)
+
+
 def static_compiled_or_dynamic(model) -> Callable[[], int]:
     """minirope: static cache + compiled forward; Llama: its default dynamic cache (the target's baseline)."""
     if isinstance(model, MiniRopeForCausalLM):
@@ -157,6 +169,13 @@ CASES: dict[str, tuple[str, Callable]] = {
     f"train {size} {label} {batch}x{length}": ("tokens/s", partial(train_case, batch=batch, length=length, dtype=dtype))
     for size, (batch, length) in TRAIN_BATCH.items()
     for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))
+}
+CASES |= {
+    f"train {size} fp32 {batch}x{length}, measured products": (
+        "tokens/s",
+        partial(measured_training_or_plain, batch=batch, length=length),
+    )
+    for size, (batch, length) in TRAIN_BATCH.items()
 }
 CASES |= {
     "greedy decode default fp32 batch 1, dynamic cache": ("tokens/s", partial(decode_case, batch=1)),
@@ -183,7 +202,7 @@ def cpu_description() -> str:
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
     vector = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{cpu_model_name()} ({', '.join(vector) or 'no AVX2'})"
+    return f"{cpu_model_name()}, {', '.join(vector) or 'no AVX2'}"
 
 
 def case_size(name: str) -> str:

@@ -11,7 +11,8 @@ from conftest import llama_twin, random_model, tiny_config
 from torch import nn
 
 from minirope import cpu_products
-from minirope.training.arguments import reuse_freed_memory
+from minirope.training.arguments import MiniRopeTrainingArguments, reuse_freed_memory
+from minirope.training.trainer import MiniRopeTrainer
 
 needs_onednn = pytest.mark.skipif(not cpu_products.available(), reason="oneDNN linear needs an x86 CPU and mkldnn")
 
@@ -54,7 +55,7 @@ def fake_steps(monkeypatch, faster: bool) -> None:
     """A whole decoding step 2x faster with the moved products (`faster`), or 2x slower."""
 
     def step_seconds(model, rows):
-        moved = any("forward" in module.__dict__ for module in model.modules())
+        moved = any(rows in module.__dict__.get("onednn_rows", ()) for module in model.modules())
         return 1.0 if moved == faster else 2.0
 
     monkeypatch.setattr(cpu_products, "step_seconds", step_seconds)
@@ -74,7 +75,10 @@ def test_measured_faster_products_move_and_give_the_same_tokens(cache, monkeypat
         assert ran_on_onednn(lambda: layer(x)) and ran_on_onednn(lambda: layer(torch.randn(8, layer.in_features)))
         assert not ran_on_onednn(lambda: layer(torch.randn(9, layer.in_features)))  # prefill: torch's path
         torch.testing.assert_close(layer(x), nn.functional.linear(x, layer.weight), rtol=1e-5, atol=1e-6)
-    assert not ran_on_onednn(lambda: layer(x))  # training products keep nn.Linear's path
+    x.requires_grad_()  # under autograd the chosen product stays differentiable, with nn.Linear's gradient
+    assert ran_on_onednn(lambda: layer(x).sum().backward())
+    torch.testing.assert_close(x.grad, layer.weight.sum(0).expand_as(x), rtol=1e-5, atol=1e-6)
+    assert not ran_on_onednn(lambda: layer(torch.randn(9, layer.in_features)))  # more rows: training's decision
     assert "model.layers.0.mlp.up_proj.weight" in model.state_dict()  # parameters and keys unchanged
     twin = copy.deepcopy(model)  # a copy computes with its own weights, on the same kernels
     with torch.no_grad():
@@ -114,12 +118,62 @@ def test_products_faster_alone_but_not_in_the_whole_step_stay_on_torch(cache, mo
 @needs_onednn
 def test_the_real_measurement_decides_by_the_margin(cache):
     """On this CPU, for real: each decision is oneDNN exactly where its median beats torch's by `MARGIN`."""
-    decisions = cpu_products.decisions({(96, 288), (384, 4096)}, model_mib=8)
-    assert len(decisions) == 4
+    rows = (*cpu_products.ROWS, cpu_products.TRAINING_ROWS)
+    decisions = cpu_products.decisions({(96, 288), (384, 4096)}, model_mib=8, rows=rows)
+    assert len(decisions) == 6
     for name, row in decisions.items():
         assert row["torch_us"] > 0 and row["onednn_us"] > 0
         assert row["onednn"] == (row["torch_us"] > cpu_products.MARGIN * row["onednn_us"]), name
     print(json.dumps(decisions, indent=1))
+
+
+@needs_onednn
+def test_measured_training_products_train_as_llama_does(cache, monkeypatch):
+    """Training products moved to oneDNN give Llama's loss and gradients (first and second order), to float32
+    rounding; decoding products and the saved weights are untouched."""
+    model = random_model(tiny_config(), attn="eager").train()  # eager: sdpa has no second derivative on CPU
+    measured = fake_timings(monkeypatch, "onednn")
+    chosen = cpu_products.use_measured_products(model, training=True)
+    linears = {name for name, m in model.named_modules() if type(m) is nn.Linear}
+    assert chosen == dict.fromkeys(linears, ["training"])
+    assert {rows for _, _, rows in measured} == {cpu_products.TRAINING_ROWS}
+    oracle = llama_twin(model).train()
+    ids = torch.randint(0, model.config.vocab_size, (2, 12))
+    losses, gradients = [], []
+    for which in (model, oracle):
+        loss = which(ids, labels=ids).loss
+        params = [p for p in which.parameters() if p.requires_grad]
+        grads = torch.autograd.grad(loss, params, create_graph=True)
+        squared = sum(g.pow(2).sum() for g in grads)  # a gradient of a gradient: oneDNN's op has no derivative
+        losses.append(loss.detach())
+        gradients.append([g.detach() for g in grads] + list(torch.autograd.grad(squared, params)))
+    assert ran_on_onednn(lambda: model(ids, labels=ids).loss.backward())
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    for ours, llamas in zip(*gradients, strict=True):
+        torch.testing.assert_close(ours, llamas, rtol=1e-4, atol=1e-5)
+    layer = model.model.layers[0].mlp.up_proj
+    with torch.no_grad():
+        assert not ran_on_onednn(lambda: layer(torch.randn(1, layer.in_features)))  # decoding: not measured here
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 runs: torch's own products
+            assert not ran_on_onednn(lambda: layer(torch.randn(4, 8, layer.in_features)))
+    fake_steps(monkeypatch, faster=True)
+    cpu_products.use_measured_products(model)  # decoding's choice is added, training's kept
+    assert layer.onednn_rows == ("training", 1, 8)
+
+
+@needs_onednn
+@pytest.mark.parametrize("flags, moves", [({}, True), ({"measured_products": False}, False), ({"bf16": True}, False)])
+def test_the_trainer_moves_training_products_in_float32_eager_cpu_runs_only(cache, monkeypatch, capsys, tmp_path,
+                                                                           flags, moves):  # fmt: skip
+    fake_timings(monkeypatch, "onednn")
+    args = MiniRopeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], torch_compile=False,
+                                     **{"bf16": False} | flags)  # fmt: skip
+    trainer = MiniRopeTrainer(model=random_model(tiny_config()), args=args)
+    trainer.use_measured_products()
+    moved = [name for name, m in trainer.model.named_modules() if "onednn_rows" in m.__dict__]
+    assert bool(moved) == moves
+    line = "training products on oneDNN, measured faster on this CPU: 15 of 15 linear layers"
+    assert (line in capsys.readouterr().out) == moves
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")

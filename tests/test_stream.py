@@ -25,9 +25,9 @@ from minirope.training.corpus import shakespeare_plays
 from minirope.training.data import TextDataArguments, block_stream, tokenize_and_block
 from minirope.training.documents import TextFile, Texts
 from minirope.training.records import file_shard
-from minirope.training.sources import tokenizer_texts, training_shards
+from minirope.training.sources import training_shards
 from minirope.training.stream import BlockStream, shuffled_shards
-from minirope.training.tokenizer import PIECE_CHARS, TextPieces, train_tokenizer
+from minirope.training.tokenizer import PIECE_CHARS, TextPieces, sample_texts, train_tokenizer
 
 # The pre-tokenizer regex of Meta-Llama-3-8B's tokenizer.json (an oracle independent of minirope's copy)
 LLAMA3_SPLIT = (
@@ -216,7 +216,7 @@ def test_memory_of_the_data_path_does_not_grow_with_the_document(plays, tokenize
                                 capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
         peaks[size] = int(result.stdout.split()[-1])
     assert peaks[120] < peaks[1] + 40, peaks  # MB
-    sample = sum(len(text.encode()) for text in tokenizer_texts([TextFile(tmp_path / "120MB.txt")], 3_000_000))
+    sample = sum(len(text.encode()) for text in sample_texts([TextFile(tmp_path / "120MB.txt")], 3_000_000))
     assert 3_000_000 <= sample <= 3_000_000 + 4 * PIECE_CHARS
 
 

@@ -1,21 +1,24 @@
-"""Decoding products on oneDNN where this machine measures them faster: opt-in, decided per weight shape.
+"""Products on oneDNN where this machine measures them faster: opt-in, decided per weight shape.
 
-A decoding step multiplies a few rows (one per sequence) by every weight of the model, so its speed is the speed of
-reading the weights. On x86 CPUs torch sends float32 products to MKL, which runs such few-row products on one thread;
-oneDNN (the kernel library behind torch's bf16 products) spreads them over all threads, but costs ~20 us more per
-call. Which wins depends on the CPU, the thread count, the weight's shape and the batch: oneDNN has run a
-`(1, 2048) @ (2048, 8192)` product 2.3x faster than MKL on a 2-core AVX-512 EPYC and a `(1, 96) @ (96, 288)` one 5x
-slower (docs/performance.md). So nothing here is decided by a rule: `use_measured_products(model)` times both
-kernels on this machine for each of the model's weight shapes at 1 and 8 rows, the weight among as many bytes of
-weights as the model has (medians of `REPS`), keeps oneDNN only where it wins by `MARGIN` and where the model's
-whole one-token step is then faster by `STEP_MARGIN`, and caches the per-shape decisions per CPU model, torch
-version and thread count in `~/.cache/minirope/cpu_products.json` (`MINIROPE_CACHE` moves it), outside any model
-folder.
+On x86 CPUs torch sends float32 products to MKL. oneDNN (the kernel library behind torch's bf16 products) can be
+faster or slower, by a wide margin either way, depending on the CPU, the thread count, the weight's shape and the
+rows: a decoding step's few-row products MKL runs on one thread, oneDNN on all (but ~20 us more per call); a training
+step's products MKL ran at ~200 GFLOP/s on a 2-core AVX-512 AMD EPYC and oneDNN at ~450 (docs/performance.md), while
+on an Intel Sapphire Rapids oneDNN was the slower. So nothing here is decided by a rule: `use_measured_products(model)`
+times both kernels on this machine for each of the model's weight shapes, keeps oneDNN only where its median wins by
+`MARGIN`, and caches the per-shape decisions per CPU model, torch version and thread count in
+`~/.cache/minirope/cpu_products.json` (`MINIROPE_CACHE` moves it), outside any model folder. Two uses:
 
-A chosen `nn.Linear` keeps its parameters and state-dict keys; only inference products (no gradient) of plain float32
-CPU tensors with at most 8 rows change kernel, outside tracing and compiling: the same product, summed in another
-order (float32 rounding differences only). Training and everything else stay on `nn.Linear`'s path. The model files
-that `save_pretrained` ships know nothing of this: a saved folder computes exactly Llama's products.
+- decoding (`use_measured_products(model)`, which `minirope-generate` applies): products of 1 and of 2-8 rows, each
+  weight timed among as many bytes of weights as the model has, and kept only where the model's whole one-token
+  step is then faster by `STEP_MARGIN`;
+- training (`use_measured_products(model, training=True)`, which the minirope commands apply to a float32 eager CPU
+  run): products of more than 8 rows, forward and both backward products, timed at `TRAINING_ROWS` rows.
+
+A chosen `nn.Linear` keeps its parameters and state-dict keys; only products of plain float32 CPU tensors outside
+autocast, tracing and compiling change kernel: the same product, summed in another order (float32 rounding
+differences only), with the gradients of `nn.functional.linear`. Everything else stays on `nn.Linear`'s path. The
+model files that `save_pretrained` ships know nothing of this: a saved folder computes exactly Llama's products.
 
     model = AutoModelForCausalLM.from_pretrained(path)
     print(use_measured_products(model))      # {'model.layers.0.mlp.up_proj': ['1 row'], ...}
@@ -38,6 +41,8 @@ MARGIN = 1.2  # a product moves to oneDNN only where its median is this many tim
 STEP_MARGIN = 1.05  # ... and only if the model's whole decoding step is then this many times faster
 REPS = 9
 ROWS = (1, 8)  # batch-1 and batch-8 decoding; products of up to 8 rows take the 8-row decision
+TRAINING_ROWS = 1024  # products of more rows (training, prefill, evaluation) take the decision timed at this many
+TRAINING = "training"
 
 
 def available() -> bool:
@@ -50,13 +55,44 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+class OneDnnLinear(torch.autograd.Function):
+    """`nn.functional.linear` with the forward and both backward products on oneDNN.
+
+    Under `create_graph=True` (a gradient of a gradient) the backward products use `nn.functional.linear`, which
+    autograd can differentiate again; the oneDNN op has no derivative of its own.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return onednn_linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        product = nn.functional.linear if torch.is_grad_enabled() else onednn_linear
+        grad_2d, x_2d = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
+        grad_x = product(grad, weight.T) if ctx.needs_input_grad[0] else None  # grad @ W
+        grad_weight = product(grad_2d.T, x_2d.T) if ctx.needs_input_grad[1] else None  # grad^T @ x
+        grad_bias = grad_2d.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias
+
+
 def cpu_model_name() -> str:
-    """The CPU's model name (Linux `/proc/cpuinfo`; `platform.processor()` elsewhere)."""
+    """The CPU's model name, with its family and model numbers where the name alone is vague (a cloud "AMD EPYC"
+    names several generations): Linux `/proc/cpuinfo`; `platform.processor()` elsewhere."""
     try:
-        names = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        names = []
-    return names[0].split(":", 1)[1].strip() if names else platform.processor()
+        lines = []
+    fields = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    if "model name" not in fields:
+        return platform.processor()
+    return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
 
 
 def machine() -> str:
@@ -84,19 +120,41 @@ def median_seconds(product, x: torch.Tensor, weights: list[torch.Tensor]) -> flo
 def measure(in_features: int, out_features: int, rows: int, model_mib: int) -> dict:
     """Both kernels' median microseconds for `(rows, in) @ (out, in).T` with its weight among `model_mib` MiB of
     weights (a model that fits in the cache decodes from the cache; a larger one reads every weight from memory),
-    and whether oneDNN wins by `MARGIN`."""
+    and whether oneDNN wins by `MARGIN`. At `TRAINING_ROWS` rows, the sum of the forward product and the two
+    backward ones (`grad @ W`, `grad.T @ x`), each kernel's own."""
     weight_bytes = 4 * in_features * out_features
     copies = max(1, min(64, model_mib * 2**20 // weight_bytes))
     weights = [torch.randn(out_features, in_features) for _ in range(copies)]
     x = torch.randn(rows, in_features)
     with torch.no_grad():
-        torch_us = median_seconds(nn.functional.linear, x, weights) * 1e6
-        onednn_us = median_seconds(onednn_linear, x, weights) * 1e6
+        if rows < TRAINING_ROWS:
+            torch_us = median_seconds(nn.functional.linear, x, weights) * 1e6
+            onednn_us = median_seconds(onednn_linear, x, weights) * 1e6
+        else:
+            grad = torch.randn(rows, out_features)
+            torch_us = 1e6 * (
+                median_seconds(nn.functional.linear, x, weights)
+                + median_seconds(lambda g, w: g @ w, grad, weights)
+                + median_seconds(lambda g, a: g.T @ a, grad, [x])
+            )
+            onednn_us = 1e6 * (
+                median_seconds(onednn_linear, x, weights)
+                + median_seconds(lambda g, w: onednn_linear(g, w.T), grad, weights)
+                + median_seconds(lambda g, a: onednn_linear(g.T, a.T), grad, [x])
+            )
     return {"torch_us": round(torch_us, 1), "onednn_us": round(onednn_us, 1), "onednn": torch_us > MARGIN * onednn_us}
 
 
-def decisions(shapes: set[tuple[int, int]], model_mib: int) -> dict[str, dict]:
-    """`{"IN x OUT, R rows, M MiB": measure(...)}` for every shape at every row count of `ROWS` in a model of
+def decision_name(in_features: int, out_features: int, rows: int | str, model_mib: int) -> str:
+    """The cache's name for the decision on an `(in, out)` weight at `rows` rows (or `TRAINING`) in a model of
+    `model_mib` MiB."""
+    if rows == TRAINING or rows >= TRAINING_ROWS:  # compute-bound: the other weights do not matter
+        return f"{in_features} x {out_features}, {TRAINING_ROWS} rows, training"
+    return f"{in_features} x {out_features}, {rows} rows, {model_mib} MiB"
+
+
+def decisions(shapes: set[tuple[int, int]], model_mib: int, rows: tuple[int, ...] = ROWS) -> dict[str, dict]:
+    """`{decision_name: measure(...)}` for every `(in, out)` shape at every row count of `rows` in a model of
     `model_mib` MiB of float32 weights: read from the cache for this machine, measured (and added) where missing."""
     path, key = cache_path(), machine()
     try:
@@ -104,28 +162,31 @@ def decisions(shapes: set[tuple[int, int]], model_mib: int) -> dict[str, dict]:
     except (OSError, ValueError):
         cache = {}
     known = cache.setdefault(key, {})
-    wanted = {f"{i} x {o}, {rows} rows, {model_mib} MiB": (i, o, rows, model_mib) for i, o in sorted(shapes)
-              for rows in ROWS}  # fmt: skip
+    wanted = {decision_name(i, o, r, model_mib): (i, o, r, model_mib if r < TRAINING_ROWS else 0)
+              for i, o in sorted(shapes) for r in rows}  # fmt: skip
     missing = {name: args for name, args in wanted.items() if name not in known}
     for name, args in missing.items():
         known[name] = measure(*args)
     if missing:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = path.with_suffix(f".{os.getpid()}.tmp")
-        scratch.write_text(json.dumps(cache, indent=1))
-        scratch.replace(path)  # whole or not at all
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            scratch = path.with_suffix(f".{os.getpid()}.tmp")
+            scratch.write_text(json.dumps(cache, indent=1))
+            scratch.replace(path)  # whole or not at all
+        except OSError as error:  # a read-only home: decided all the same, measured again next time
+            print(f"[minirope] could not cache the product timings in {path} ({error}); set MINIROPE_CACHE")
     return {name: known[name] for name in wanted}
 
 
 def forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """A chosen `nn.Linear`'s forward (bound to it as a method, so that `copy.deepcopy` of the model binds the copy):
-    inference products of plain float32 CPU tensors whose row count took a oneDNN decision (`module.onednn_rows`: 1
-    and/or 8, the latter covering 2-8 rows) on oneDNN; everything else `nn.Linear.forward`."""
+    products of plain float32 CPU tensors whose row count took a oneDNN decision (`module.onednn_rows`: 1, 8 for
+    2-8 rows, `TRAINING` for more) on oneDNN, differentiable where autograd records (`OneDnnLinear`); everything
+    else `nn.Linear.forward`."""
     rows = x.numel() // x.shape[-1] if x.dim() else 0
-    bucket = 1 if rows == 1 else 8 if 1 < rows <= 8 else None
+    bucket = 1 if rows == 1 else 8 if 1 < rows <= 8 else TRAINING if rows > 8 else None
     if (
         bucket in module.onednn_rows
-        and not torch.is_grad_enabled()
         and x.device.type == "cpu"
         and x.dtype == module.weight.dtype == torch.float32
         and type(x) is torch.Tensor
@@ -134,12 +195,14 @@ def forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         and not torch.compiler.is_compiling()
         and not torch.jit.is_tracing()
     ):
+        if torch.is_grad_enabled() and (x.requires_grad or module.weight.requires_grad):
+            return OneDnnLinear.apply(x, module.weight, module.bias)
         return onednn_linear(x, module.weight, module.bias)
     return nn.Linear.forward(module, x)
 
 
-def move(module: nn.Linear, rows: tuple[int, ...]) -> None:
-    """Give `module` the measured forward for products of `rows` rows (nothing: back to `nn.Linear`'s)."""
+def move(module: nn.Linear, rows: tuple) -> None:
+    """Give `module` the measured forward for products of `rows` rows (1, 8, `TRAINING`; none: `nn.Linear`'s)."""
     module.__dict__.pop("forward", None)
     module.__dict__.pop("onednn_rows", None)
     if rows:
@@ -161,46 +224,55 @@ def step_seconds(model: nn.Module, rows: int) -> float:
     return best
 
 
-def use_measured_products(model: nn.Module) -> dict[str, list[str]]:
-    """Send `model`'s decoding products to oneDNN where this machine measured it faster (see the module docstring).
+def use_measured_products(model: nn.Module, training: bool = False) -> dict[str, list[str]]:
+    """Send `model`'s decoding products (or with `training`, its products of more than 8 rows: training, prefill,
+    evaluation) to oneDNN where this machine measured it faster (see the module docstring).
 
-    Two measurements decide: each weight shape's product alone (cached, `decisions`), then, for each row count, the
-    model's whole one-token step with the products that won against the step without them: they move only if the
-    step is `STEP_MARGIN` times faster (a product faster alone can be slower among the others, e.g. a small model's
-    head that stays in the cache).
+    Decoding: two measurements decide, each weight shape's product alone (cached, `decisions`), then, for each row
+    count, the model's whole one-token step with the products that won against the step without them: they move
+    only if the step is `STEP_MARGIN` times faster (a product faster alone can be slower among the others, e.g. a
+    small model's head that stays in the cache). Training: each weight shape's forward and backward products at
+    `TRAINING_ROWS` rows (cached), which are compute-bound and as fast among the others as alone; so a machine
+    makes the same choice in every run.
 
-    Returns `{module name: ["1 row", "8 rows"] or a part of it}` for the `nn.Linear` modules that changed kernel;
-    `{}` where none did or oneDNN is not available (nothing is changed then). Calling it again measures again.
+    Returns `{module name: ["1 row", "8 rows"] or a part of it, or ["training"]}` for the `nn.Linear` modules that
+    changed kernel; `{}` where none did or oneDNN is not available (nothing is changed then). Calling it again
+    measures again (decoding) or reads the cache (training); the other use's choice is kept.
     """
     linears = {name: m for name, m in model.named_modules() if type(m) is nn.Linear and m.weight.device.type == "cpu"}
     if not available() or not linears:
         return {}
-    for module in linears.values():
-        move(module, ())  # a previous call's choice
+    rows_of_use = (TRAINING,) if training else ROWS
+    other = {name: tuple(r for r in m.__dict__.get("onednn_rows", ()) if r not in rows_of_use)
+             for name, m in linears.items()}  # fmt: skip
+    for name, module in linears.items():
+        move(module, other[name])  # this use's previous choice
     weights = sum(m.weight.numel() for m in {id(m.weight): m for m in linears.values()}.values())
     model_mib = 2 ** max(0, math.ceil(math.log2(4 * weights / 2**20)))  # rounded up to a power of 2: fewer entries
-    measured = decisions({(m.in_features, m.out_features) for m in linears.values()}, model_mib)
+    shapes = {(m.in_features, m.out_features) for m in linears.values()}
+    measured = decisions(shapes, model_mib, (TRAINING_ROWS,) if training else ROWS)
     kept = {}
-    for rows in ROWS:
+    for rows in rows_of_use:
         faster = [
             name
             for name, m in linears.items()
-            if measured[f"{m.in_features} x {m.out_features}, {rows} rows, {model_mib} MiB"]["onednn"]
+            if measured[decision_name(m.in_features, m.out_features, rows, model_mib)]["onednn"]
         ]
-        if not faster:
+        if not faster or training:
+            kept[rows] = set(faster)
             continue
         plain = step_seconds(model, rows)
         for name in faster:
-            move(linears[name], (rows,))
+            move(linears[name], (*other[name], rows))
         moved = step_seconds(model, rows)
         for name in faster:
-            move(linears[name], ())
+            move(linears[name], other[name])
         if plain > STEP_MARGIN * moved:
             kept[rows] = set(faster)
     chosen = {}
     for name, module in linears.items():
         rows = tuple(r for r in kept if name in kept[r])
-        move(module, rows)
+        move(module, (*other[name], *rows))
         if rows:
-            chosen[name] = [f"{r} row{'s' if r > 1 else ''}" for r in rows]
+            chosen[name] = [TRAINING if r == TRAINING else f"{r} row{'s' if r > 1 else ''}" for r in rows]
     return chosen

@@ -43,7 +43,7 @@ from minirope.training.output import (
     optimizer_description,
     remove_old_checkpoints,
 )
-from minirope.training.sources import document_texts, training_shards, validation_shards
+from minirope.training.sources import document_texts, text_sources
 from minirope.training.trainer import MiniRopeTrainer, parallelism
 
 
@@ -159,7 +159,7 @@ def run(argv: list[str] | None = None) -> dict:
     )
     check_resume(start.resume, config, training_args.max_steps)
     model, tokenizer = load_causal_lm(model_args, config=config, attn_implementation=training_args.attention())
-    train_shards, validation = training_shards(data_args), validation_shards(data_args)
+    train_shards, validation = text_sources(data_args)
     train = training_blocks(train_shards, tokenizer, data_args, training_args.seed) if training_args.do_train else None
     eval_sizes = args.eval_block_sizes or sorted({original, data_args.block_size})
     windows = {

@@ -39,7 +39,7 @@ from minirope.training.output import (
     optimizer_description,
     remove_old_checkpoints,
 )
-from minirope.training.sources import data_kind, training_shards, validation_shards
+from minirope.training.sources import data_kind, text_sources
 from minirope.training.supervised import prompt_completion_examples
 from minirope.training.tokenizer import add_chat_template
 from minirope.training.trainer import MiniRopeTrainer, final_evaluation
@@ -182,7 +182,7 @@ def datasets_and_collator(data_args: FinetuneDataArguments, kind: str, dataset, 
         shards = play_shards(data_args.play)
         train_shards, validation = shards["train"], shards["validation"]
     elif data_args.train_file or data_args.dataset_name:
-        train_shards, validation = training_shards(data_args), validation_shards(data_args)
+        train_shards, validation = text_sources(data_args)
     else:
         raise ValueError("No data: give --play NAME, --train_file/--validation_file, or --dataset_name.")
     return (*tokenize_and_block(train_shards, validation, tokenizer, data_args, seed), default_data_collator)

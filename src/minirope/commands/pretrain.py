@@ -43,7 +43,7 @@ from minirope.training.output import (
     optimizer_description,
     remove_old_checkpoints,
 )
-from minirope.training.sources import tokenizer_texts, training_shards, validation_shards
+from minirope.training.sources import text_sources
 from minirope.training.throughput import ThroughputCallback, training_flops_per_token
 from minirope.training.tokenizer import load_or_train_tokenizer
 from minirope.training.trainer import MiniRopeTrainer, check_stream_workers, final_evaluation, parallelism
@@ -230,13 +230,11 @@ def pretraining_tokenizer(data_args: DataArguments, train_shards, output_dir: Pa
     if source:
         return AutoTokenizer.from_pretrained(source), f"given ({source})"
     vocab_size = data_args.tokenizer_vocab_size or MiniRopeConfig().vocab_size
-    sample = lambda: tokenizer_texts(train_shards, data_args.tokenizer_sample_bytes)  # noqa: E731
-    return load_or_train_tokenizer(output_dir, sample, vocab_size)
+    return load_or_train_tokenizer(output_dir, train_shards, data_args.tokenizer_sample_bytes, vocab_size)
 
 
-def datasets(train_shards, tokenizer, data_args: DataArguments, training_args: PretrainingArguments):
+def datasets(train_shards, validation, tokenizer, data_args: DataArguments, training_args: PretrainingArguments):
     """The training blocks (in memory, or a `BlockStream` with `--streaming`) and the validation windows."""
-    validation = validation_shards(data_args)
     if not data_args.streaming:
         return tokenize_and_block(train_shards, validation, tokenizer, data_args, training_args.seed)
     shuffle = data_args.shuffle_buffer_size
@@ -296,7 +294,7 @@ def run(argv: list[str] | None = None) -> dict:
     dataclasses = (ArchitectureArguments, DataArguments, PretrainingArguments)
     model_args, data_args, training_args, start = start_run(dataclasses, argv)
     check_flags(data_args, training_args, start)
-    train_shards = training_shards(data_args, streaming=data_args.streaming)
+    train_shards, validation_shards = text_sources(data_args, streaming=data_args.streaming)
     tokenizer, how = pretraining_tokenizer(data_args, train_shards, start.output_dir, start.resume)
     print(f"[minirope] tokenizer: {len(tokenizer)} tokens, {how}")
     config = build_config(model_args, data_args, tokenizer)
@@ -304,7 +302,7 @@ def run(argv: list[str] | None = None) -> dict:
         start.output_dir, config, overwrite=training_args.overwrite_output_dir, resuming=start.resume is not None
     )
     check_resume(start.resume, config, training_args.max_steps, streaming=data_args.streaming)
-    train, validation = datasets(train_shards, tokenizer, data_args, training_args)
+    train, validation = datasets(train_shards, validation_shards, tokenizer, data_args, training_args)
     model = new_model(config, training_args)
     blocks = "streamed" if data_args.streaming else len(train)
     print(

@@ -53,6 +53,14 @@ class MiniRopeTrainingArguments(TrainingArguments):
     use_cpu: bool | None = field(
         default=None, metadata={"help": "Train on the CPU. Default: only where there is no GPU or accelerator."}
     )
+    measured_products: bool = field(
+        default=True,
+        metadata={
+            "help": "In a float32 eager run on a CPU: the products of more than 8 rows on oneDNN wherever this "
+            "machine measures it faster than torch's default (timed once per CPU and weight shape, cached, printed; "
+            "minirope.cpu_products). False: torch's products, as Llama's."
+        },
+    )
     optim_hidden: str = field(default="adamw", metadata={"help": OPTIM_HIDDEN_HELP})
     muon_momentum: float = field(
         default=MUON_MOMENTUM, metadata={"help": "With --optim_hidden muon: Muon's Nesterov momentum, in [0, 1)."}

@@ -1,8 +1,6 @@
 """Where a run's documents come from: `--train_file`/`--validation_file` files of one kind (text, prompt/completion
-records or conversations), a `--dataset_name` split, or the bundled plays, as shards (`minirope.training.documents`);
-and the text a tokenizer is trained on."""
+records or conversations), a `--dataset_name` split, or the bundled plays, as shards (`minirope.training.documents`)."""
 
-from collections.abc import Iterator
 from pathlib import Path
 
 from datasets import load_dataset
@@ -11,7 +9,6 @@ from minirope.training.corpus import bundled_shards
 from minirope.training.data import TextDataArguments
 from minirope.training.documents import DatasetStream, Shard, Texts, expand_files
 from minirope.training.records import file_shard, record_fields
-from minirope.training.tokenizer import TextPieces
 
 KIND_NAMES = {"text": "text", "prompt_completion": "prompt/completion records", "messages": "conversations"}
 
@@ -74,6 +71,16 @@ def dataset_shards(args: TextDataArguments, split: str, streaming: bool = False)
     return [Texts(dataset[args.text_column], [f"{name} {split} row {row}" for row in rows], f"{name} {split}")]
 
 
+def text_sources(args: TextDataArguments, streaming: bool = False) -> tuple[list[Shard], list[Shard]]:
+    """`(training shards, validation shards)`: where a command's documents come from (`training_shards`,
+    `validation_shards`), every file checked before any is read.
+
+    Raises:
+        ValueError, FileNotFoundError: both sources given, or a missing, empty or unsupported file.
+    """
+    return training_shards(args, streaming), validation_shards(args)
+
+
 def training_shards(args: TextDataArguments, streaming: bool = False) -> list[Shard]:
     """Where the training documents come from: `--train_file` files and globs, `--dataset_name`'s `train`
     split, or (neither) the bundled training plays. Every file is checked before any is read.
@@ -106,17 +113,3 @@ def validation_shards(args: TextDataArguments) -> list[Shard]:
 def document_texts(shards: list[Shard]) -> list[str]:
     """The whole text of every document of `shards` (for held-out documents, which are held in memory)."""
     return ["".join(document.read(0)) for shard in shards for document in shard.documents()]
-
-
-def tokenizer_texts(shards: list[Shard], max_bytes: int) -> Iterator[str]:
-    """The first `max_bytes` of text of `shards` (about: to the end of a piece), in pieces of at most
-    `minirope.training.tokenizer.PIECE_CHARS`, cut between pre-tokens: what a tokenizer is trained on,
-    with memory bounded by a piece whatever the size of the documents."""
-    pieces, total = TextPieces(None), 0
-    for shard in shards:
-        for document in shard.documents():
-            for text in pieces.pieces(document.read(0)):
-                yield text
-                total += len(text.encode("utf-8"))
-                if total >= max_bytes:
-                    return

@@ -2,7 +2,8 @@
 
 MFU = achieved model FLOP/s / peak FLOP/s, with both numbers from the same process on the same machine:
 the peak is the best rate of a square matrix product in the training's precision (bf16 under `--bf16`, else
-float32), grown until the rate stops rising (`matmul_peak_flops`), timed just before and just after training, and
+float32; on a CPU, of torch's default kernel or oneDNN's, whichever is faster), grown until the rate stops rising
+(`matmul_peak_flops`), timed just before and just after training, and
 the model FLOPs are counted as in PaLM (Chowdhery et al. 2022, appendix B): per trained token
 
     6 * N  +  12 * L * H * d * T
@@ -18,7 +19,7 @@ import time
 import torch
 from transformers import TrainerCallback
 
-from minirope import MiniRopeConfig
+from minirope import MiniRopeConfig, cpu_products
 
 
 def training_flops_per_token(config: MiniRopeConfig, seq_len: int) -> float:
@@ -31,17 +32,22 @@ def training_flops_per_token(config: MiniRopeConfig, seq_len: int) -> float:
 
 
 def matmul_seconds(size: int, device: torch.device, dtype: torch.dtype, repeats: int) -> float:
-    """Seconds of the fastest of `repeats` `(size, size) @ (size, size)` products of `dtype` on `device`."""
+    """Seconds of the fastest of `repeats` `(size, size) @ (size, size)` products of `dtype` on `device`; for float32
+    on a CPU, the faster of torch's default kernel and oneDNN's (the training products of `--measured_products`)."""
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     synchronize = torch.accelerator.synchronize if device.type != "cpu" else lambda: None  # CPU products are done
+    products = [torch.matmul]
+    if device.type == "cpu" and dtype == torch.float32 and cpu_products.available():
+        products.append(lambda a, b: cpu_products.onednn_linear(a, b.T))
     best = float("inf")
-    for _ in range(repeats + 1):  # the first one warms up
-        synchronize()
-        start = time.perf_counter()
-        a @ b
-        synchronize()
-        best = min(best, time.perf_counter() - start)
+    for product in products:
+        for _ in range(repeats + 1):  # the first one warms up
+            synchronize()
+            start = time.perf_counter()
+            product(a, b)
+            synchronize()
+            best = min(best, time.perf_counter() - start)
     return best
 
 

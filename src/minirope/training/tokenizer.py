@@ -25,7 +25,7 @@ The format it writes (pre-tokenizer regex, special tokens, the chat template) is
 import hashlib
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,7 @@ from minirope.tokenizer_format import (
     RESERVED_TOKENS,
     SPECIAL_TOKENS,
 )
+from minirope.training.documents import Shard
 
 # Where a text may be cut: a single space or a single newline between two other characters.
 CUT_POINT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")
@@ -120,16 +121,31 @@ def corpus_fingerprint(texts: Iterable[str]) -> str:
     return digest.hexdigest()
 
 
+def sample_texts(shards: list[Shard], max_bytes: int) -> Iterator[str]:
+    """The first `max_bytes` of text of `shards` (about: to the end of a piece), in pieces of at most `PIECE_CHARS`,
+    cut between pre-tokens: what a tokenizer is trained on, with memory bounded by a piece whatever the size of the
+    documents."""
+    pieces, total = TextPieces(None), 0
+    for shard in shards:
+        for document in shard.documents():
+            for text in pieces.pieces(document.read(0)):
+                yield text
+                total += len(text.encode("utf-8"))
+                if total >= max_bytes:
+                    return
+
+
 def load_or_train_tokenizer(
-    path: str | Path, texts: Callable[[], Iterable[str]], vocab_size: int
+    path: str | Path, shards: list[Shard], max_bytes: int, vocab_size: int
 ) -> tuple[PreTrainedTokenizerBase, str]:
-    """The tokenizer saved at `path` if it was trained on the same `texts()` (its `tokenizer_config.json` records
-    their `corpus_fingerprint`) with `vocab_size` entries, else a new one trained on `texts()`, its fingerprint
-    recorded (saved with the model: `save_pretrained` writes it to `tokenizer_config.json`).
+    """The tokenizer saved at `path` if it was trained on the same sample of `shards` (their first `max_bytes` of
+    text, `sample_texts`; its `tokenizer_config.json` records the sample's `corpus_fingerprint`) with `vocab_size`
+    entries, else a new one trained on that sample, its fingerprint recorded (saved with the model:
+    `save_pretrained` writes it to `tokenizer_config.json`).
 
     Returns `(tokenizer, how)`: `how` says in one phrase whether it was reused or trained, and why.
     """
-    texts = list(texts())
+    texts = list(sample_texts(shards, max_bytes))
     fingerprint = corpus_fingerprint(texts)
     how = "trained"
     if (Path(path) / "tokenizer.json").is_file():
