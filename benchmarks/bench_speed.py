@@ -12,10 +12,10 @@ process per measurement matters: the allocator keeps freed pages, so a second ca
 Cases: a training step (forward + backward + AdamW; minirope with `skip_logits=True`, as `MiniRopeTrainer`
 calls it) in fp32 and in bf16 autocast at ~1M, 12M and 100M parameters, and in fp32 again with minirope's training
 products on oneDNN where this machine measures it faster (`use_measured_products(model, training=True)`, as a float32
-eager minirope command does); prefill; greedy decode at batch
-1 and 8 with the default dynamic cache (both models run `nn.Linear`'s products), and again with minirope's decoding
-products on oneDNN where this machine measures it faster (`use_measured_products`, as `minirope-generate` does);
-minirope with a static cache and a compiled forward
+eager minirope command does); prefill; greedy decode at batch 1 and 8 with the default dynamic cache (both models
+run `nn.Linear`'s products), at batch 1 with bf16 weights, and again with minirope's decoding products on oneDNN
+where this machine measures it faster (`use_measured_products`, as `minirope-generate` does); minirope with a static
+cache and a compiled forward
 (`torch.compile` with Inductor's `freezing`, its CPU inference mode) against Llama's dynamic-cache decode;
 a RoPE microbenchmark (cos/sin cache gather vs recomputing cos/sin from positions) at 128..8192 tokens;
 one float32 product on torch.mm and on oneDNN at decode and training shapes, its weight in the cache and from
@@ -117,8 +117,10 @@ def generate(model, prompt: torch.Tensor, new_tokens: int, **settings) -> None:
                        pad_token_id=0, **settings)  # fmt: skip
 
 
-def decode_case(model, batch: int, new_tokens: int = DECODE_TOKENS, **settings) -> Callable[[], int]:
-    model.eval()
+def decode_case(
+    model, batch: int, new_tokens: int = DECODE_TOKENS, dtype: torch.dtype = torch.float32, **settings
+) -> Callable[[], int]:
+    model.to(dtype).eval()  # bf16: the weights themselves, as `from_pretrained(..., dtype=torch.bfloat16)` loads them
     prompt = torch.randint(3, model.config.vocab_size, (batch, 16))
 
     def run() -> int:
@@ -139,12 +141,21 @@ def compiled_static(model: MiniRopeForCausalLM) -> MiniRopeForCausalLM:
 
 
 def measured_or_plain(model, batch: int) -> Callable[[], int]:
-    """minirope: decoding products on oneDNN where this machine measured it faster (`use_measured_products`, what
-    `minirope-generate` does); Llama: its own products."""
+    """minirope: decoding and prompt products on oneDNN where this machine measured it faster
+    (`use_measured_products` for both, what `minirope-generate` does); Llama: its own products."""
     if isinstance(model, MiniRopeForCausalLM):
         linears = sum(type(module) is torch.nn.Linear for module in model.modules())
-        print(f"  measured products on oneDNN: {len(use_measured_products(model))} of {linears} linears", flush=True)
+        decoding, prompt = use_measured_products(model), use_measured_products(model, training=True)
+        print(f"  measured products on oneDNN: decoding {len(decoding)}, prompt {len(prompt)} of {linears} linears")
     return decode_case(model, batch)
+
+
+def measured_prefill(model, batch: int, length: int) -> Callable[[], int]:
+    """minirope: products of more than 8 rows on oneDNN where this machine measured it faster (what
+    `minirope-generate` does for the prompt); Llama: its own products."""
+    if isinstance(model, MiniRopeForCausalLM):
+        use_measured_products(model, training=True)
+    return prefill_case(model, batch, length)
 
 
 def measured_training_or_plain(model, batch: int, length: int) -> Callable[[], int]:
@@ -180,10 +191,18 @@ CASES |= {
 CASES |= {
     "greedy decode default fp32 batch 1, dynamic cache": ("tokens/s", partial(decode_case, batch=1)),
     "prefill 12M fp32 8x512": ("tokens/s", partial(prefill_case, batch=8, length=512)),
+    "prefill 12M fp32 8x512, measured products": ("tokens/s", partial(measured_prefill, batch=8, length=512)),
     "greedy decode 12M fp32 batch 1, dynamic cache": ("tokens/s", partial(decode_case, batch=1)),
     "greedy decode 12M fp32 batch 8, dynamic cache": ("tokens/s", partial(decode_case, batch=8)),
     "greedy decode 100M fp32 batch 1, dynamic cache": ("tokens/s", partial(decode_case, batch=1)),
     "greedy decode 100M fp32 batch 8, dynamic cache": ("tokens/s", partial(decode_case, batch=8)),
+}
+CASES |= {
+    f"greedy decode {size} bf16 batch 1, dynamic cache": (
+        "tokens/s",
+        partial(decode_case, batch=1, dtype=torch.bfloat16),
+    )
+    for size in ("default", "12M", "100M")
 }
 CASES |= {
     f"greedy decode {size} fp32 batch {batch}, measured products": ("tokens/s", partial(measured_or_plain, batch=batch))

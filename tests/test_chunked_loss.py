@@ -65,12 +65,21 @@ def test_linear_cross_entropy_chunking_does_not_change_the_result():
     targets[::7] = -100
     expected = torch.nn.functional.cross_entropy(hidden @ weight.T, targets)
     expected_grads = torch.autograd.grad(expected, (hidden, weight))
-    for chunk_size in (1, 7, 50, 64):
-        loss = LinearCrossEntropy.apply(hidden, weight, targets, None, chunk_size)
+    products = []
+
+    def product(x, w):  # another kernel for the chunks' products (cpu_products passes oneDNN's): same math
+        products.append(tuple(x.shape))
+        return torch.mm(x, w.t())
+
+    for chunk_size, kernel in ((1, None), (7, None), (50, None), (64, None), (7, product)):
+        loss = LinearCrossEntropy.apply(hidden, weight, targets, None, chunk_size, kernel)
         grads = torch.autograd.grad(2.5 * loss, (hidden, weight))  # the incoming gradient scales both
         torch.testing.assert_close(loss, expected, rtol=0, atol=1e-6)
         for grad, want in zip(grads, expected_grads, strict=True):
             torch.testing.assert_close(grad, 2.5 * want, rtol=1e-5, atol=1e-6)
+    # 7 full chunks of 7 rows (and one of 1): logits (7, 16) @ (16, 30), hidden's gradient (7, 30) @ (30, 16), and
+    # the weight's (30, 7) @ (7, 16), each through the given kernel
+    assert [products.count(shape) for shape in ((7, 16), (7, 30), (30, 7))] == [7, 7, 7]
 
 
 def test_linear_cross_entropy_is_exact_where_the_target_probability_underflows():

@@ -151,6 +151,18 @@ def test_measured_training_products_train_as_llama_does(cache, monkeypatch):
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
     for ours, llamas in zip(*gradients, strict=True):
         torch.testing.assert_close(ours, llamas, rtol=1e-4, atol=1e-5)
+    # the fused loss (`skip_logits`, as MiniRopeTrainer asks for it): the head's chunk products move with the head
+    calls, onednn_linear = [], cpu_products.onednn_linear
+    monkeypatch.setattr(
+        cpu_products, "onednn_linear", lambda x, w, b=None: calls.append(w.shape) or onednn_linear(x, w, b)
+    )
+    fused = model(ids, labels=ids, skip_logits=True).loss
+    params = [p for p in model.parameters() if p.requires_grad]
+    torch.testing.assert_close(fused, losses[1], rtol=1e-5, atol=1e-6)
+    for ours, llamas in zip(torch.autograd.grad(fused, params), gradients[1], strict=False):  # first order
+        torch.testing.assert_close(ours, llamas, rtol=1e-4, atol=1e-5)
+    head = model.lm_head.weight.shape
+    assert head in calls and head[::-1] in calls  # the logits' product and the hidden states' gradient's
     layer = model.model.layers[0].mlp.up_proj
     with torch.no_grad():
         assert not ran_on_onednn(lambda: layer(torch.randn(1, layer.in_features)))  # decoding: not measured here

@@ -13,7 +13,8 @@ times both kernels on this machine for each of the model's weight shapes, keeps 
   weight timed among as many bytes of weights as the model has, and kept only where the model's whole one-token
   step is then faster by `STEP_MARGIN`;
 - training (`use_measured_products(model, training=True)`, which the minirope commands apply to a float32 eager CPU
-  run): products of more than 8 rows, forward and both backward products, timed at `TRAINING_ROWS` rows.
+  run): products of more than 8 rows, forward and both backward products, timed at `TRAINING_ROWS` rows; a head
+  that moves takes the fused loss's three chunk products with it (`loss_product`).
 
 A chosen `nn.Linear` keeps its parameters and state-dict keys; only products of plain float32 CPU tensors outside
 autocast, tracing and compiling change kernel: the same product, summed in another order (float32 rounding
@@ -201,13 +202,34 @@ def forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return nn.Linear.forward(module, x)
 
 
+def loss_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`x @ weight.T` for the fused loss's chunks (`kernels_minirope.LinearCrossEntropy`) of a head whose training
+    products moved: on oneDNN for plain float32 CPU tensors outside compiling and tracing, torch's `@` otherwise
+    (a bf16 run's chunks under autocast). x `(R, K)`, weight `(N, K)`, any strides -> `(R, N)`."""
+    if (
+        x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.float32
+        and type(x) in (torch.Tensor, nn.Parameter)
+        and type(weight) in (torch.Tensor, nn.Parameter)
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+    ):
+        return onednn_linear(x, weight)
+    return x @ weight.T
+
+
 def move(module: nn.Linear, rows: tuple) -> None:
-    """Give `module` the measured forward for products of `rows` rows (1, 8, `TRAINING`; none: `nn.Linear`'s)."""
-    module.__dict__.pop("forward", None)
-    module.__dict__.pop("onednn_rows", None)
+    """Give `module` the measured forward for products of `rows` rows (1, 8, `TRAINING`; none: `nn.Linear`'s), and
+    with `TRAINING` the measured kernel for the fused loss's products, where `module` is the model's head
+    (`loss_product`, read by `kernels_minirope.fused_causal_lm_loss`: the same weight shape, the same three
+    products that the training decision timed)."""
+    for name in ("forward", "onednn_rows", "loss_product"):
+        module.__dict__.pop(name, None)
     if rows:
         module.onednn_rows = rows
         module.forward = types.MethodType(forward, module)
+    if TRAINING in rows:
+        module.loss_product = loss_product
 
 
 def step_seconds(model: nn.Module, rows: int) -> float:

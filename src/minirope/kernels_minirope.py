@@ -27,14 +27,18 @@ class LinearCrossEntropy(torch.autograd.Function):
     `nn.Linear` and its backward would, and each chunk's product is added to the accumulator. Same approach as
     Liger Kernel's fused linear cross-entropy.
 
+    The three products are torch's `@` unless `product` is given: a function `(x, w) -> x @ w.T` (the same math,
+    another kernel: `minirope.cpu_products` passes oneDNN's where this machine measured it faster); each chunk's
+    weight-gradient product is then added to the accumulator.
+
     Args (of `apply`): hidden `(N, D)`; weight `(V, D)`; targets `(N,)` int64 in `[0, V)` or -100;
     num_items_in_batch: the denominator (tensor or int), or None for the number of counted targets;
-    chunk_size: rows per chunk.
+    chunk_size: rows per chunk; product: None, or the function above.
     Returns: the scalar loss, float32, in nats per counted target.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, num_items_in_batch, chunk_size):
+    def forward(ctx, hidden, weight, targets, num_items_in_batch, chunk_size, product=None):
         ctx.weight_dtype = weight.dtype
         device = hidden.device.type
         autocast = device != "meta" and torch.is_autocast_enabled(device)  # meta: no autocast state
@@ -47,9 +51,10 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
         loss = hidden.new_zeros((), dtype=torch.float32)
+        matmul_nt = product or (lambda x, w: x @ w.T)
         for start in range(0, hidden.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
-            logits = (compute_hidden[rows] @ compute_weight.T).float()
+            logits = matmul_nt(compute_hidden[rows], compute_weight).float()
             target_logit = logits.gather(-1, targets[rows, None])
             top_logit = logits.amax(-1, keepdim=True)
             probs = logits.softmax(-1)
@@ -65,13 +70,13 @@ class LinearCrossEntropy(torch.autograd.Function):
             grad_logits.scatter_add_(-1, targets[rows, None], torch.full_like(target_logit, -1.0))
             grad_logits = grad_logits.mul_(scale[rows, None]).to(dtype)
             if grad_hidden is not None:
-                grad_hidden[rows] = grad_logits @ compute_weight
+                grad_hidden[rows] = matmul_nt(grad_logits, compute_weight.T)
             if grad_weight is None:
                 continue
-            if grad_weight.dtype == dtype:  # accumulated inside the product: no (V, D) temporary, no extra pass
+            if grad_weight.dtype == dtype and product is None:  # inside the product: no (V, D) temporary
                 grad_weight.addmm_(grad_logits.T, compute_hidden[rows])
             else:  # bfloat16 products into the float32 accumulator (mixed-dtype addmm has no CPU kernel)
-                grad_weight += grad_logits.T @ compute_hidden[rows]
+                grad_weight += matmul_nt(grad_logits.T, compute_hidden[rows].T)
         ctx.save_for_backward(grad_hidden, grad_weight)
         return loss
 
@@ -81,6 +86,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         return (
             None if grad_hidden is None else grad_hidden * grad_loss,
             None if grad_weight is None else (grad_weight * grad_loss).to(ctx.weight_dtype),
+            None,
             None,
             None,
             None,
@@ -94,11 +100,15 @@ def fused_causal_lm_loss(
     or None where the head cannot be fused: a wrapped head (e.g. PEFT LoRA), a head with a bias, or inside
     `torch.compile`, where the fused function's gradients came out zero (measured on CUDA, torch 2.11) and Inductor
     fuses the head and the loss itself. The caller then computes logits and the loss from them.
+
+    A head may carry its own product kernel as `lm_head.loss_product` (`(x, w) -> x @ w.T`; set by
+    `minirope.cpu_products` where this machine measured oneDNN faster, absent otherwise): the chunks use it.
     """
     fusable = type(lm_head) is nn.Linear and lm_head.bias is None
     if not fusable or torch.compiler.is_compiling():
         return None
-    return chunked_causal_lm_loss(hidden_states, lm_head.weight, labels, **kwargs)
+    product = getattr(lm_head, "loss_product", None)
+    return chunked_causal_lm_loss(hidden_states, lm_head.weight, labels, product=product, **kwargs)
 
 
 # Rows per chunk of `LinearCrossEntropy`, at least: enough that the weight-gradient product (V x rows x D) is
@@ -161,12 +171,14 @@ def chunked_causal_lm_loss(
     labels: torch.LongTensor,
     num_items_in_batch: torch.Tensor | int | None = None,
     shift_labels: torch.LongTensor | None = None,
+    product=None,
     **kwargs,
 ) -> torch.Tensor:
     """transformers' `ForCausalLMLoss` of `hidden_states @ weight.T` via `LinearCrossEntropy`, without the logits.
 
     Args: hidden_states `(B, T, D)`; weight `(V, D)` (the LM head); labels `(B, T)` aligned with the inputs
-    (token t predicts label t + 1) or `shift_labels` already shifted; -100 is ignored.
+    (token t predicts label t + 1) or `shift_labels` already shifted; -100 is ignored; product: the chunks'
+    `(x, w) -> x @ w.T` kernel, or None for torch's `@` (`LinearCrossEntropy`).
     Returns: the scalar float32 loss, in nats per counted target (or summed / `num_items_in_batch`).
 
     Rows per chunk from `loss_chunk_rows`: enough for compute-bound matrix products at any vocabulary size.
@@ -176,4 +188,4 @@ def chunked_causal_lm_loss(
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
     targets = shift_labels.reshape(-1).to(hidden.device)
     chunk_size = loss_chunk_rows(weight.shape[0], hidden.device.type)
-    return LinearCrossEntropy.apply(hidden, weight, targets, num_items_in_batch, chunk_size)
+    return LinearCrossEntropy.apply(hidden, weight, targets, num_items_in_batch, chunk_size, product)

@@ -31,8 +31,8 @@ class GenerateArguments:
     measured_products: bool = field(
         default=True,
         metadata={
-            "help": "On a CPU, run the decoding products on oneDNN where this machine measures it faster than torch's "
-            "default (timed once per CPU and weight shape, cached: minirope.cpu_products)."
+            "help": "On a CPU, run the decoding and prompt products on oneDNN where this machine measures it faster "
+            "than torch's default (timed once per CPU and weight shape, cached: minirope.cpu_products)."
         },
     )
 
@@ -56,13 +56,15 @@ class GenerateArguments:
 
 
 def measured_products(model) -> None:
-    """`use_measured_products` on a CPU model, saying what it chose (on stderr, apart from the text)."""
+    """`use_measured_products` on a CPU model, for the decoding steps' products and for the prompt's (more than 8
+    rows: the decision timed for training), saying what it chose (on stderr, apart from the text)."""
     if model.device.type != "cpu":
         return
-    chosen = use_measured_products(model)
+    decoding = use_measured_products(model)
+    prompt = use_measured_products(model, training=True)
     total = sum(type(module) is torch.nn.Linear for module in model.modules())
-    print(f"[minirope] decoding products on oneDNN, measured faster on this CPU: {len(chosen)} of {total} linear "
-          f"layers (--measured_products False: none)", file=sys.stderr)  # fmt: skip
+    print(f"[minirope] products on oneDNN, measured faster on this CPU: decoding {len(decoding)}, prompt "
+          f"{len(prompt)} of {total} linear layers (--measured_products False: none)", file=sys.stderr)  # fmt: skip
 
 
 def run(argv: list[str] | None = None) -> None:
