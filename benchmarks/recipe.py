@@ -35,7 +35,8 @@ import torch  # noqa: E402
 RESULTS = Path(__file__).parent / "results" / "recipe.json"
 PLOTS = Path(__file__).parent.parent / "docs"  # recipe_wall_time.png, recipe_curves.png, recipe_budget.png
 # Runs named "curve-SERIES@MINUTES" are drawn as one line per series in recipe_curves.png (against training time),
-# runs named "budget-SERIES@GFLOPS" in recipe_budget.png (against the compute budget).
+# runs named "budget-SERIES@STEPS" in recipe_budget.png (against the training compute in model FLOPs, the same on
+# every machine; rows run before `minirope-pretrain` reported it carry the figure computed from their config).
 CURVE_LABELS = {
     "wsd": "new recipe: warmup-stable-decay (last 25 %)",
     "cosine": "the previous schedule: cosine (same model, batch, lr)",
@@ -66,6 +67,7 @@ def run(name: str, flags: list[str], keep: Path | None) -> dict:
         "step_seconds": summary.get("step_seconds"),
         "matmul_peak_gflops": round(summary["matmul_peak_tflops"] * 1e3, 1),
         "budget_gflop_seconds": summary["budget_gflop_seconds"],
+        "model_flops": summary["train_model_flops"],
     }
 
 
@@ -139,7 +141,7 @@ def main() -> None:
         print(
             f"{name:24s} {result['bits_per_byte']:.4f} bits/byte  {result['steps']} steps  "
             f"{result['train_seconds']:.0f} s training  {result['process_seconds']:.0f} s in all  "
-            f"budget {result['budget_gflop_seconds']:,} GFLOP-s",
+            f"{result['model_flops'] / 1e12:.3g} model TFLOPs  budget {result['budget_gflop_seconds']:,} GFLOP-s (this CPU's)",
             flush=True,
         )
     for name, result in sorted(results.items(), key=lambda item: item[1]["bits_per_byte"]):
@@ -149,12 +151,12 @@ def main() -> None:
     minutes = "training time (minutes: steps x median step time, 2-core CPU, float32)"
     title = "default model (hidden 64, batch 8, AdamW lr 3e-3): a separate run per budget"
     plot_curves(results, "curve-", training_minutes, minutes, title, args.plots / "recipe_curves.png")
-    budget = "compute budget (GFLOP-s: training time x the run's measured float32 peak)"
+    budget = "training compute (model TFLOPs: FLOPs per token x tokens trained, the same on every machine)"
     title = "three recipes: a separate run per budget"
     plot_curves(
         results,
         "budget-",
-        lambda result: result["budget_gflop_seconds"],
+        lambda result: result["model_flops"] / 1e12,
         budget,
         title,
         args.plots / "recipe_budget.png",

@@ -47,10 +47,12 @@ def test_scaling_plan_prints_its_tables():
 
 def test_recipe_runs_a_pretraining_and_records_it(tmp_path):
     results, flags = tmp_path / "recipe.json", " ".join(TINY_RUN)
-    printed = run_script("benchmarks/recipe.py", f"tiny:{flags}", "--results", results, "--plots", tmp_path)
-    record = json.loads(results.read_text())["tiny"]
+    printed = run_script("benchmarks/recipe.py", f"budget-tiny@6:{flags}", "--results", results, "--plots", tmp_path)
+    record = json.loads(results.read_text())["budget-tiny@6"]
     assert record["steps"] == 6 and 0 < record["bits_per_byte"] < 10
-    assert (tmp_path / "recipe_wall_time.png").is_file() and "tiny" in printed
+    assert record["model_flops"] > 0  # the budget plot's axis: model FLOPs, as minirope-pretrain reports them
+    assert (tmp_path / "recipe_wall_time.png").is_file() and (tmp_path / "recipe_budget.png").is_file()
+    assert "budget-tiny@6" in printed
 
 
 def test_streaming_benchmark(tmp_path):
