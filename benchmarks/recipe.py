@@ -141,7 +141,8 @@ def main() -> None:
         print(
             f"{name:24s} {result['bits_per_byte']:.4f} bits/byte  {result['steps']} steps  "
             f"{result['train_seconds']:.0f} s training  {result['process_seconds']:.0f} s in all  "
-            f"{result['model_flops'] / 1e12:.3g} model TFLOPs  budget {result['budget_gflop_seconds']:,} GFLOP-s (this CPU's)",
+            f"{result['model_flops'] / 1e12:.3g} model TFLOPs  "
+            f"budget {result['budget_gflop_seconds']:,} GFLOP-s (this CPU's)",
             flush=True,
         )
     for name, result in sorted(results.items(), key=lambda item: item[1]["bits_per_byte"]):
