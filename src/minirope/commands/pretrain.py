@@ -383,7 +383,7 @@ def report(trainer, data_args, start, measures: Measures) -> None:
         f"{summary['validation_bits_per_byte']:.4f} bits/byte"
     ]
     summary["train_model_flops"] = throughput.flops_per_token * tokens  # the compute that travels between machines
-    summary["train_seconds"] = round(throughput.training_seconds, 1)  # evaluations and checkpoints left out
+    summary["train_seconds"] = round(throughput.training_seconds, 3)  # evaluations and checkpoints left out
     summary["matmul_peak_tflops"] = round(throughput.peak_flops / 1e12, 4)
     summary["budget_gflop_seconds"] = round(summary["train_seconds"] * summary["matmul_peak_tflops"] * 1e3)
     if speed:
