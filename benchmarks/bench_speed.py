@@ -53,6 +53,7 @@ from transformers import LlamaConfig, StoppingCriteria, StoppingCriteriaList
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM, MiniRopeRotaryEmbedding
+from minirope.commands.generate import measured_products
 from minirope.convert import to_llama
 from minirope.cpu_products import available as onednn_available
 from minirope.cpu_products import cpu_model_name, onednn_linear, use_measured_products
@@ -142,11 +143,9 @@ def compiled_static(model: MiniRopeForCausalLM) -> MiniRopeForCausalLM:
 
 def measured_or_plain(model, batch: int) -> Callable[[], int]:
     """minirope: decoding and prompt products on oneDNN where this machine measured it faster
-    (`use_measured_products` for both, what `minirope-generate` does); Llama: its own products."""
+    (`minirope-generate`'s own `measured_products`); Llama: its own products."""
     if isinstance(model, MiniRopeForCausalLM):
-        linears = sum(type(module) is torch.nn.Linear for module in model.modules())
-        decoding, prompt = use_measured_products(model), use_measured_products(model, training=True)
-        print(f"  measured products on oneDNN: decoding {len(decoding)}, prompt {len(prompt)} of {linears} linears")
+        measured_products(model)  # prints its choice on stderr
     return decode_case(model, batch)
 
 

@@ -179,6 +179,19 @@ def decisions(shapes: set[tuple[int, int]], model_mib: int, rows: tuple[int, ...
     return {name: known[name] for name in wanted}
 
 
+def plain_float32_cpu(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the product of `x` and `weight` may change kernel: both float32 on the CPU, `x` a plain tensor (no
+    subclass: FakeTensor, DTensor, ...), outside autocast, compiling and tracing (which record torch's own ops)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.float32
+        and type(x) is torch.Tensor
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+    )
+
+
 def forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """A chosen `nn.Linear`'s forward (bound to it as a method, so that `copy.deepcopy` of the model binds the copy):
     products of plain float32 CPU tensors whose row count took a oneDNN decision (`module.onednn_rows`: 1, 8 for
@@ -186,16 +199,7 @@ def forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     else `nn.Linear.forward`."""
     rows = x.numel() // x.shape[-1] if x.dim() else 0
     bucket = 1 if rows == 1 else 8 if 1 < rows <= 8 else TRAINING if rows > 8 else None
-    if (
-        bucket in module.onednn_rows
-        and x.device.type == "cpu"
-        and x.dtype == module.weight.dtype == torch.float32
-        and type(x) is torch.Tensor
-        and type(module.weight) is nn.Parameter
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
-        and not torch.jit.is_tracing()
-    ):
+    if bucket in module.onednn_rows and type(module.weight) is nn.Parameter and plain_float32_cpu(x, module.weight):
         if torch.is_grad_enabled() and (x.requires_grad or module.weight.requires_grad):
             return OneDnnLinear.apply(x, module.weight, module.bias)
         return onednn_linear(x, module.weight, module.bias)
@@ -204,16 +208,10 @@ def forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def loss_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """`x @ weight.T` for the fused loss's chunks (`kernels_minirope.LinearCrossEntropy`) of a head whose training
-    products moved: on oneDNN for plain float32 CPU tensors outside compiling and tracing, torch's `@` otherwise
-    (a bf16 run's chunks under autocast). x `(R, K)`, weight `(N, K)`, any strides -> `(R, N)`."""
-    if (
-        x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
-        and type(x) in (torch.Tensor, nn.Parameter)
-        and type(weight) in (torch.Tensor, nn.Parameter)
-        and not torch.compiler.is_compiling()
-        and not torch.jit.is_tracing()
-    ):
+    products moved: on oneDNN where `plain_float32_cpu` (the weight a tensor or parameter: the head's, or a
+    transposed operand of the backward products), torch's `@` otherwise (a bf16 run's chunks under autocast).
+    x `(R, K)`, weight `(N, K)`, any strides -> `(R, N)`."""
+    if type(weight) in (torch.Tensor, nn.Parameter) and plain_float32_cpu(x, weight):
         return onednn_linear(x, weight)
     return x @ weight.T
 
