@@ -1,0 +1,192 @@
+"""`minirope-posttrain`: make a trained model better at something asked, with TRL's trainers.
+
+    minirope-posttrain --method grpo --model_name_or_path runs/minirope-shakespeare
+    minirope-posttrain --method dpo --model_name_or_path runs/minirope-shakespeare
+    minirope-posttrain --method distill --model_name_or_path runs/student --teacher_model_name_or_path runs/teacher
+
+Methods (the training loops are TRL's; `--help` with a `--method` lists that method's TRL config flags):
+  grpo     reinforcement learning from a reward (`GRPOTrainer`, its KL term against the starting model): prompts
+           from the training plays, `--reward_funcs` (default `scansion_reward`: lines of ten syllables)
+  dpo      preference optimization (`DPOTrainer`): `--train_file` of {prompt, chosen, rejected} pairs, or by default
+           pairs from the model's own samples ranked by the first reward, written to the output folder
+  distill  on-policy distillation (`DistillationTrainer`, TRL's successor of GKD): the student samples completions
+           of prompts from the training plays and learns the teacher's next-token distributions on them
+
+Before and after, each run samples the model with fixed settings (temperature 0.8, top_k 50) on the validation plays'
+speaker headers and reports the share of lines that scan and the share that are distinct, and the whole-text
+validation bits per byte; they go to the output folder (run_summary.json) and its model card.
+"""
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from datasets import Dataset
+from transformers import TrainingArguments, set_seed
+
+from minirope.commands import run_cli
+from minirope.folders import ModelArguments, check_output, load_causal_lm
+from minirope.training.arguments import parse_cli_args
+from minirope.training.corpus import BUNDLED_CORPUS, bundled_shards
+from minirope.training.data import TextDataArguments, training_blocks, validation_windows
+from minirope.training.output import check_previous_run, finish_run, model_card, remove_old_checkpoints
+from minirope.training.trainer import MiniRopeTrainer
+from minirope.training.verse import VerseMeasure, measure_verse
+
+METRIC = "eval_bits_per_byte"
+
+
+def method_of(argv: list[str]) -> str | None:
+    """The value of `--method` in `argv` (`--method grpo` or `--method=grpo`), or None."""
+    for index, arg in enumerate(argv):
+        if arg == "--method" and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith("--method="):
+            return arg.partition("=")[2]
+    return None
+
+
+def parse_args(argv: list[str] | None = None) -> tuple:
+    """`PosttrainArguments` and the method's TRL config (`CONFIGS`), from `argv`."""
+    from minirope.training.posttraining import CONFIGS, PosttrainArguments
+
+    argv = sys.argv[1:] if argv is None else argv
+    config = CONFIGS.get(method_of(argv) or "grpo", CONFIGS["grpo"])
+    return parse_cli_args((PosttrainArguments, config), argv)
+
+
+def validation_bits_per_byte(model, tokenizer, output_dir: str) -> float:
+    """Whole-text bits per byte of the validation plays, each play in windows of the model's context
+    (`minirope.training.metrics`), as `minirope-pretrain` reports it."""
+    windows = validation_windows(bundled_shards("validation"), tokenizer, model.config.max_position_embeddings)
+    args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=16, report_to="none")
+    trainer = MiniRopeTrainer(model=model, args=args, processing_class=tokenizer, eval_dataset=windows)
+    return trainer.evaluate()[METRIC]
+
+
+def run(argv: list[str] | None = None) -> dict:
+    """Parse `argv`, post-train, save, and return the summary (verse measure and bits per byte before and after).
+
+    Raises:
+        ValueError, OSError: bad flags, model or teacher folder, rewards or data; nothing is written.
+    """
+    if importlib.util.find_spec("trl") is None:
+        raise ValueError("minirope-posttrain runs TRL's trainers: install them with `pip install minirope[trl]`.")
+    from minirope.training import posttraining as post
+
+    args, config = parse_args(argv)
+    set_seed(config.seed)
+    model_args = ModelArguments(args.model_name_or_path, trust_remote_code=config.trust_remote_code)
+    inputs = {"--model_name_or_path": args.model_name_or_path, "--teacher_model_name_or_path": args.teacher_model_name_or_path}
+    check_output(config.output_dir, "--output_dir", inputs)
+    model, tokenizer = load_causal_lm(model_args)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    check_previous_run(config.output_dir, model.config, overwrite=args.overwrite_output_dir, resuming=False)
+    teacher = None
+    if args.method == "distill":
+        teacher, teacher_tokenizer = load_causal_lm(ModelArguments(args.teacher_model_name_or_path, config.trust_remote_code))
+        post.check_teacher(tokenizer, teacher_tokenizer)
+    rewards = [post.resolve_reward(name) for name in args.reward_funcs] if args.method != "distill" else []
+    pairs = post.read_pairs(args.train_file) if args.method == "dpo" and args.train_file else None
+    prompts = post.prompt_dataset(args, config.seed) if args.method != "dpo" else None
+
+    before = measure(model, tokenizer, args, config)
+    post.check_rewards(rewards, *zip(*[(s["prompt"], s["completion"]) for s in before[0].samples], strict=True))
+    if args.method == "dpo" and pairs is None:
+        own = post.own_pairs(
+            model, tokenizer, post.training_prompts(args.num_prompts, config.seed), args.samples_per_prompt,
+            rewards[0], config.seed,
+        )  # fmt: skip
+        if not own:
+            raise ValueError("no preference pairs: every sample of each prompt got the same reward; raise "
+                             "--samples_per_prompt or --num_prompts, or give --train_file.")  # fmt: skip
+        post.write_jsonl(Path(config.output_dir) / post.PAIRS_FILE, own)
+        print(f"[minirope] {len(own)} preference pairs from the model's own samples: {config.output_dir}/{post.PAIRS_FILE}")
+        pairs = Dataset.from_list(own)
+
+    start_weights = {name: param.detach().clone() for name, param in model.named_parameters()}
+    kwargs = {"reward_funcs": rewards} if args.method == "grpo" else {"teacher_model": teacher} if teacher else {}
+    trainer = post.TRAINERS[args.method](
+        model=model, args=config, train_dataset=pairs if pairs is not None else prompts, processing_class=tokenizer,
+        **kwargs,
+    )  # fmt: skip
+    if args.lm_coef:
+        data_args = TextDataArguments(block_size=model.config.max_position_embeddings)
+        blocks = training_blocks(bundled_shards("train"), tokenizer, data_args, config.seed).with_format("torch")
+        trainer.set_corpus(blocks["input_ids"], args.lm_coef, args.lm_batch_size)
+    remove_old_checkpoints(config.output_dir)
+    train_metrics = trainer.train().metrics
+    post.interpolate_weights(trainer.model, start_weights, args.weight_interpolation)
+    after = measure(trainer.model, tokenizer, args, config)
+    return report(trainer, model_args, args, before, after, train_metrics)
+
+
+def measure(model, tokenizer, args, config) -> tuple[VerseMeasure, float]:
+    """The verse measure (`measure_verse`) and the validation bits per byte of `model`, printed."""
+    verse = measure_verse(model, tokenizer, args.eval_prompts, args.eval_samples_per_prompt, args.eval_max_new_tokens,
+                          seed=config.seed)  # fmt: skip
+    bits = validation_bits_per_byte(model, tokenizer, config.output_dir)
+    print(f"[minirope] {verse.lines} sampled lines: {verse.scan_share:.1%} scan, {verse.distinct_share:.1%} distinct; "
+          f"validation {bits:.4f} bits/byte")  # fmt: skip
+    return verse, bits
+
+
+@dataclass
+class Side:
+    verse: VerseMeasure
+    bits: float
+
+
+def report(trainer, model_args, args, before, after, train_metrics: dict) -> dict:
+    """Write the folder (model, tokenizer, card, metrics, summary, samples) and print the before -> after line."""
+    before, after = Side(*before), Side(*after)
+    config = trainer.args
+    steps, base = trainer.state.global_step, model_args.model_name_or_path
+    summary = {
+        "base_model": base,
+        "method": args.method,
+        "teacher": args.teacher_model_name_or_path,
+        "reward_funcs": args.reward_funcs if args.method != "distill" else [],
+        "steps": steps,
+        "learning_rate": config.learning_rate,
+        "beta": getattr(config, "beta", None),
+        "lm_coef": args.lm_coef,
+        "weight_interpolation": args.weight_interpolation,
+        "train_seconds": round(train_metrics.get("train_runtime", 0.0), 1),
+        "before": {**before.verse.as_dict(), "validation_bits_per_byte": before.bits},
+        "after": {**after.verse.as_dict(), "validation_bits_per_byte": after.bits},
+        "samples": [
+            {"prompt": b["prompt"], "before": b["completion"], "after": a["completion"]}
+            for b, a in zip(before.verse.samples, after.verse.samples, strict=True)
+        ],
+    }
+    what = {"grpo": f"TRL's GRPOTrainer with {', '.join(args.reward_funcs)}", "dpo": "TRL's DPOTrainer",
+            "distill": f"TRL's DistillationTrainer from `{args.teacher_model_name_or_path}`"}[args.method]  # fmt: skip
+    how_trained = (
+        f"Post-trained from `{base}` with `minirope-posttrain` ({what}): {steps} steps, lr {config.learning_rate}, corpus loss weight {args.lm_coef}, weight interpolation "
+        f"{args.weight_interpolation}. Sampled lines of the validation speakers that scan (ten syllables by CMUdict): "
+        f"{before.verse.scan_share:.1%} before, {after.verse.scan_share:.1%} after ({after.verse.lines} lines, "
+        f"{after.verse.distinct_share:.1%} distinct); validation bits per byte {before.bits:.4f} before, "
+        f"{after.bits:.4f} after."
+    )
+    card = model_card(trainer.args.output_dir.rstrip("/").split("/")[-1], trainer.model.config,
+                      {METRIC: after.bits}, BUNDLED_CORPUS, how_trained, base_model=base)  # fmt: skip
+    line = (
+        f"lines that scan {before.verse.scan_share:.1%} -> {after.verse.scan_share:.1%}, distinct "
+        f"{before.verse.distinct_share:.1%} -> {after.verse.distinct_share:.1%}, validation bits/byte "
+        f"{before.bits:.4f} -> {after.bits:.4f} in {steps} steps, {summary['train_seconds']:.0f} s; written to "
+        f"{config.output_dir}/"
+    )
+    eval_metrics = {f"before_{METRIC}": before.bits, METRIC: after.bits}
+    finish_run(trainer, train_metrics=train_metrics, eval_metrics=eval_metrics, card=card, summary=summary,
+               lines=[line])  # fmt: skip
+    return summary
+
+
+def main() -> None:
+    run_cli("minirope-posttrain", run)
+
+
+if __name__ == "__main__":
+    main()

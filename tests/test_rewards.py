@@ -1,0 +1,85 @@
+"""minirope.rewards against lines whose syllables were counted by hand (CMUdict's first pronunciation of each word)."""
+
+import pytest
+
+from minirope.rewards import (
+    is_verse_line,
+    line_syllables,
+    scans,
+    scansion_reward,
+    syllable_closeness_reward,
+    verse_lines,
+    word_syllables,
+)
+
+SCANS = "But soft, what light through yonder window breaks?"  # 1+1+1+1+1+2+2+1
+ELEVEN = "To be, or not to be: that is the question:"  # 1+1+1+1+1+1+1+1+1+2
+SUMMER = "Shall I compare thee to a summer's day?"  # 1+1+2+1+1+1+2+1: an apostrophe inside a word
+HYPHEN = "My heart-sick lord, I pray thee, go to bed."  # heart + sick: split at the hyphen
+UNKNOWN = "O'er hills and dales the weary shepherd goes"  # o'er is not in CMUdict: a miss, never a guess
+
+
+@pytest.mark.parametrize(
+    "line, syllables, scanning",
+    [
+        (SCANS, 10, True),
+        (ELEVEN, 11, False),
+        (SUMMER, 10, True),
+        (HYPHEN, 10, True),
+        ("'Tis nobler in the mind to suffer long", 10, True),  # a leading apostrophe: 'tis is in CMUdict
+        ("Now is the winter of our discontent", 11, False),  # "our" is two syllables by CMUdict's first reading
+        (UNKNOWN, None, False),
+        ("The quality of mercy is not strain'd,", None, False),  # strain'd: an elision CMUdict does not list
+        ("...!", None, False),  # no words
+    ],
+)
+def test_line_syllables_and_scans_match_hand_counts(line, syllables, scanning):
+    assert line_syllables(line) == syllables
+    assert scans(line) is scanning
+
+
+def test_word_syllables_reads_the_first_pronunciation_and_strips_outer_apostrophes():
+    assert word_syllables("question") == 2
+    assert word_syllables("QUESTION") == 2
+    assert word_syllables("lovers'") == 2  # found as "lovers"
+    assert word_syllables("frabjous") is None
+
+
+@pytest.mark.parametrize("line", ["ROMEO:", "KING RICHARD II:", "FIRST CITIZEN:", "[Exit]", "Exeunt", "Enter ROMEO", "", "  "])
+def test_headers_directions_and_empty_lines_are_not_lines(line):
+    assert not is_verse_line(line)
+    assert not scans(line)
+
+
+def test_a_header_of_ten_syllables_never_scans():
+    header = "THE DUKE OF NORFOLK AND THE EARL OF KENT:"
+    assert line_syllables(header.rstrip(":")) == 10 and not scans(header)
+
+
+def test_verse_lines_skip_headers_and_drop_a_last_line_cut_mid_way():
+    text = f"ROMEO:\n{SCANS}\n\nJULIET:\n{ELEVEN}\n{SUMMER}\n{HYPHEN}\nAnd then the"
+    assert verse_lines(text) == [SCANS, ELEVEN, SUMMER]
+    assert verse_lines(text, None) == [SCANS, ELEVEN, SUMMER, HYPHEN]
+    assert verse_lines(SCANS) == [SCANS]  # a single line is kept whole
+
+
+def test_scansion_reward_is_the_share_of_the_first_three_lines_that_scan():
+    completions = [
+        f"{SCANS}\n{SUMMER}\n{HYPHEN}\n",  # 3 of 3
+        f"{SCANS}\n{ELEVEN}\n{UNKNOWN}\n{SUMMER}\n",  # 1 of the first 3; the fourth is not read
+        f"ROMEO:\n{SCANS}\n",  # one line written: the two not written are misses
+        "",  # empty completion
+        "\n\n",
+    ]
+    assert scansion_reward(completions) == pytest.approx([1.0, 1 / 3, 1 / 3, 0.0, 0.0])
+
+
+def test_rewards_accept_conversational_completions_and_ignore_trl_kwargs():
+    conversational = [[{"role": "assistant", "content": f"{SCANS}\n{SUMMER}\n{HYPHEN}\n"}], []]
+    rewards = scansion_reward(conversational, prompts=["x", "y"], completion_ids=[[1], [2]], trainer_state=None)
+    assert rewards == [1.0, 0.0]
+
+
+def test_syllable_closeness_gives_partial_credit_and_nothing_for_unknown_words():
+    completions = [f"{ELEVEN}\n", f"{SCANS}\n{UNKNOWN}\n{ELEVEN}\n", ""]
+    assert syllable_closeness_reward(completions) == pytest.approx([0.9 / 3, (1 + 0 + 0.9) / 3, 0.0])
