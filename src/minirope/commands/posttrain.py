@@ -78,14 +78,17 @@ def run(argv: list[str] | None = None) -> dict:
     args, config = parse_args(argv)
     set_seed(config.seed)
     model_args = ModelArguments(args.model_name_or_path, trust_remote_code=config.trust_remote_code)
-    inputs = {"--model_name_or_path": args.model_name_or_path, "--teacher_model_name_or_path": args.teacher_model_name_or_path}
+    teacher_path = getattr(config, "teacher_model_name_or_path", None)
+    if args.method == "distill" and not teacher_path:
+        raise ValueError("--method distill needs --teacher_model_name_or_path: the folder of the teacher.")
+    inputs = {"--model_name_or_path": args.model_name_or_path, "--teacher_model_name_or_path": teacher_path}
     check_output(config.output_dir, "--output_dir", inputs)
     model, tokenizer = load_causal_lm(model_args)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     check_previous_run(config.output_dir, model.config, overwrite=args.overwrite_output_dir, resuming=False)
     teacher = None
     if args.method == "distill":
-        teacher, teacher_tokenizer = load_causal_lm(ModelArguments(args.teacher_model_name_or_path, config.trust_remote_code))
+        teacher, teacher_tokenizer = load_causal_lm(ModelArguments(teacher_path, config.trust_remote_code))
         post.check_teacher(tokenizer, teacher_tokenizer)
     rewards = [post.resolve_reward(name) for name in args.reward_funcs] if args.method != "distill" else []
     pairs = post.read_pairs(args.train_file) if args.method == "dpo" and args.train_file else None
@@ -96,7 +99,7 @@ def run(argv: list[str] | None = None) -> dict:
     if args.method == "dpo" and pairs is None:
         own = post.own_pairs(
             model, tokenizer, post.training_prompts(args.num_prompts, config.seed), args.samples_per_prompt,
-            rewards[0], config.seed,
+            rewards[0], config.seed, args.eval_max_new_tokens,
         )  # fmt: skip
         if not own:
             raise ValueError("no preference pairs: every sample of each prompt got the same reward; raise "
@@ -114,7 +117,7 @@ def run(argv: list[str] | None = None) -> dict:
     if args.lm_coef:
         data_args = TextDataArguments(block_size=model.config.max_position_embeddings)
         blocks = training_blocks(bundled_shards("train"), tokenizer, data_args, config.seed).with_format("torch")
-        trainer.set_corpus(blocks["input_ids"], args.lm_coef, args.lm_batch_size)
+        trainer.set_corpus(blocks[:]["input_ids"], args.lm_coef, args.lm_batch_size)
     remove_old_checkpoints(config.output_dir)
     train_metrics = trainer.train().metrics
     post.interpolate_weights(trainer.model, start_weights, args.weight_interpolation)
@@ -146,7 +149,7 @@ def report(trainer, model_args, args, before, after, train_metrics: dict) -> dic
     summary = {
         "base_model": base,
         "method": args.method,
-        "teacher": args.teacher_model_name_or_path,
+        "teacher": getattr(config, "teacher_model_name_or_path", None),
         "reward_funcs": args.reward_funcs if args.method != "distill" else [],
         "steps": steps,
         "learning_rate": config.learning_rate,
@@ -162,7 +165,7 @@ def report(trainer, model_args, args, before, after, train_metrics: dict) -> dic
         ],
     }
     what = {"grpo": f"TRL's GRPOTrainer with {', '.join(args.reward_funcs)}", "dpo": "TRL's DPOTrainer",
-            "distill": f"TRL's DistillationTrainer from `{args.teacher_model_name_or_path}`"}[args.method]  # fmt: skip
+            "distill": f"TRL's DistillationTrainer from `{summary['teacher']}`"}[args.method]  # fmt: skip
     how_trained = (
         f"Post-trained from `{base}` with `minirope-posttrain` ({what}): {steps} steps, lr {config.learning_rate}, corpus loss weight {args.lm_coef}, weight interpolation "
         f"{args.weight_interpolation}. Sampled lines of the validation speakers that scan (ten syllables by CMUdict): "

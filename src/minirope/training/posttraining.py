@@ -34,8 +34,9 @@ TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_rew
 
 @dataclass
 class PosttrainArguments:
-    """What to post-train for, and on which prompts (the method-specific training flags are TRL's configs', whose
-    `--trust_remote_code` applies to the model and the teacher)."""
+    """What to post-train for, and on which prompts. The method's training flags are its TRL config's: its
+    `--trust_remote_code` applies to the model and the teacher, and `DistillationConfig`'s
+    `--teacher_model_name_or_path` names the teacher."""
 
     model_name_or_path: str = field(
         metadata={"help": "The model to post-train: a folder written by minirope, or a Hub id.", "aliases": ["--model"]}
@@ -58,7 +59,6 @@ class PosttrainArguments:
     )
     num_prompts: int = field(default=1024, metadata={"help": "Prompts drawn from the training plays."})
     samples_per_prompt: int = field(default=8, metadata={"help": "dpo: samples of each prompt ranked for a pair."})
-    teacher_model_name_or_path: str | None = field(default=None, metadata={"help": "distill: the teacher folder."})
     lm_coef: float = field(
         default=0.0, metadata={"help": "Weight of the corpus language-modelling loss added to each update (ptx)."}
     )
@@ -86,8 +86,6 @@ class PosttrainArguments:
             raise ValueError(f"--lm_coef must be >= 0, got {self.lm_coef}.")
         if not 0 < self.weight_interpolation <= 1:
             raise ValueError(f"--weight_interpolation must be in (0, 1], got {self.weight_interpolation}.")
-        if self.method == "distill" and not self.teacher_model_name_or_path:
-            raise ValueError("--method distill needs --teacher_model_name_or_path: the folder of the teacher.")
 
 
 # The methods' TRL configs with defaults for the bundled corpus on a CPU: float32 (TRL defaults to bf16, emulated
@@ -228,13 +226,15 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
-def own_pairs(model, tokenizer, prompts: list[str], per_prompt: int, reward, seed: int) -> list[dict]:
-    """Preference pairs from the model's own samples: for each prompt, `per_prompt` completions sampled and ranked
-    by `reward`; the best is chosen and the worst rejected, where the best scores higher."""
+def own_pairs(
+    model, tokenizer, prompts: list[str], per_prompt: int, reward, seed: int, max_new_tokens: int
+) -> list[dict]:
+    """Preference pairs from the model's own samples: for each prompt, `per_prompt` completions of `max_new_tokens`
+    sampled (`minirope.training.verse.SAMPLING`) and ranked by `reward`; the best is chosen and the worst rejected,
+    where the best scores higher."""
     pairs = []
-    for prompt, completions in zip(
-        prompts, sample_completions(model, tokenizer, prompts, per_prompt, 48, seed), strict=True
-    ):
+    samples = sample_completions(model, tokenizer, prompts, per_prompt, max_new_tokens, seed)
+    for prompt, completions in zip(prompts, samples, strict=True):
         scores = reward(completions=completions, prompts=[prompt] * len(completions))
         best, worst = max(range(len(scores)), key=scores.__getitem__), min(range(len(scores)), key=scores.__getitem__)
         if scores[best] > scores[worst]:

@@ -1,0 +1,155 @@
+"""Post-training study: lines that scan against validation bits per byte, for GRPO, DPO and distillation runs.
+
+Every run is a real `minirope-posttrain` process from one base folder (the `make demo` model by default); a run is
+`NAME:FLAGS`, the flags given to the command. Its `run_summary.json` (the share of sampled lines that scan and that
+are distinct, validation bits per byte, before and after, steps, seconds) is recorded under NAME, with the CPU
+and the versions. `--interpolate NAME` then measures the weights `start + a * (tuned - start)` of that run's folder
+for each `--alphas` value without training again (what `--weight_interpolation a` saves), so the frontier of a run
+is read from one training.
+
+    python benchmarks/post_training.py "grpo:--method grpo" "dpo:--method dpo"          # minutes each
+    python benchmarks/post_training.py --interpolate grpo --alphas 0.25 0.5 0.75
+    python benchmarks/post_training.py --plot
+
+Results accumulate in benchmarks/results/post_training.json (a rerun of a name replaces it); the plot of lines that
+scan against bits per byte is docs/post_training_frontier.png. Run one at a time for the wall times to mean
+something: two runs on 2 cores slow each other down.
+"""
+
+import argparse
+import json
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+ROOT = Path(__file__).parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "post_training.json"
+PLOT = ROOT / "docs" / "post_training_frontier.png"
+
+
+def machine() -> dict:
+    from minirope.cpu_products import cpu_model_name
+
+    import trl
+
+    return {
+        "cpu": cpu_model_name(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def save(path: Path, results: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+
+
+def run_one(name: str, flags: str, base: str, runs: Path) -> dict:
+    """One `minirope-posttrain` process into `runs/NAME`; its summary with the wall time of the whole process."""
+    output = runs / name
+    command = [sys.executable, "-m", "minirope.commands.posttrain", "--model_name_or_path", base,
+               "--output_dir", str(output), *shlex.split(flags)]  # fmt: skip
+    started = time.perf_counter()
+    subprocess.run(command, check=True)
+    summary = json.loads((output / "run_summary.json").read_text())
+    summary.pop("samples")
+    return {**summary, "flags": flags, "process_seconds": round(time.perf_counter() - started, 1), "folder": str(output)}
+
+
+def interpolate(record: dict, alphas: list[float], args) -> dict:
+    """The verse measure and bits per byte of `start + a * (tuned - start)` for each `a`, from the run's folder."""
+    from minirope.commands.posttrain import validation_bits_per_byte
+    from minirope.folders import ModelArguments, load_causal_lm
+    from minirope.training.posttraining import interpolate_weights
+    from minirope.training.verse import measure_verse
+
+    base, tokenizer = load_causal_lm(ModelArguments(record["base_model"]))
+    start = {name: param.detach().clone() for name, param in base.named_parameters()}
+    points = {}
+    for alpha in alphas:
+        model, _ = load_causal_lm(ModelArguments(record["folder"]))
+        interpolate_weights(model, start, alpha)
+        verse = measure_verse(model, tokenizer, args.eval_prompts, args.eval_samples_per_prompt)
+        bits = validation_bits_per_byte(model, tokenizer, str(Path(record["folder"]) / "interpolation"))
+        points[str(alpha)] = {**verse.as_dict(), "validation_bits_per_byte": bits}
+        print(f"{alpha}: {verse.scan_share:.1%} scan, {verse.distinct_share:.1%} distinct, {bits:.4f} bits/byte")
+    return points
+
+
+def plot(results: dict, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    base = next((record["before"] for record in results.values() if "before" in record), None)
+    if base:
+        ax.scatter([base["validation_bits_per_byte"]], [100 * base["scan_share"]], c="black", marker="*", s=120,
+                   label="base model", zorder=3)  # fmt: skip
+    for name, record in sorted(results.items()):
+        after = record["after"]
+        ax.scatter([after["validation_bits_per_byte"]], [100 * after["scan_share"]], label=name, zorder=2)
+        curve = sorted(record.get("interpolation", {}).items(), key=lambda item: float(item[0]))
+        if curve:
+            xs = [point["validation_bits_per_byte"] for _, point in curve] + [after["validation_bits_per_byte"]]
+            ys = [100 * point["scan_share"] for _, point in curve] + [100 * after["scan_share"]]
+            ax.plot(xs, ys, "--", alpha=0.5, color=ax.collections[-1].get_facecolor()[0])
+    if base:
+        limit = base["validation_bits_per_byte"] + 0.05
+        ax.axvline(limit, color="grey", linestyle=":", label="base + 0.05 bits/byte")
+    ax.set_xlabel("validation bits per byte (whole validation plays; lower is better)")
+    ax.set_ylabel("sampled lines that scan (%)")
+    ax.set_title("Post-training the make demo model: scansion against forgetting")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"plot written to {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="*", help="NAME:FLAGS for minirope-posttrain")
+    parser.add_argument("--base", default="runs/minirope-shakespeare", help="the folder every run starts from")
+    parser.add_argument("--runs_dir", type=Path, default=Path("runs/post_training"))
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--plot_path", type=Path, default=PLOT)
+    parser.add_argument("--interpolate", help="NAME of a recorded run to interpolate with its base")
+    parser.add_argument("--alphas", type=float, nargs="+", default=[0.25, 0.5, 0.75])
+    parser.add_argument("--eval_prompts", type=int, default=16)
+    parser.add_argument("--eval_samples_per_prompt", type=int, default=16)
+    parser.add_argument("--plot", action="store_true", help="only redraw the plot")
+    args = parser.parse_args()
+
+    results = load(args.results)
+    for run in args.runs:
+        name, _, flags = run.partition(":")
+        results[name] = {**run_one(name, flags, args.base, args.runs_dir), "machine": machine()}
+        save(args.results, results)
+        after = results[name]["after"]
+        print(f"{name}: {after['scan_share']:.1%} scan, {after['distinct_share']:.1%} distinct, "
+              f"{after['validation_bits_per_byte']:.4f} bits/byte, {results[name]['train_seconds']} s")  # fmt: skip
+    if args.interpolate:
+        record = results[args.interpolate]
+        record["interpolation"] = {**record.get("interpolation", {}), **interpolate(record, args.alphas, args)}
+        save(args.results, results)
+    if results:
+        plot(results, args.plot_path)
+
+
+if __name__ == "__main__":
+    main()
