@@ -88,7 +88,7 @@ def interpolate(record: dict, alphas: list[float], args) -> dict:
         model, _ = load_causal_lm(ModelArguments(record["folder"]))
         interpolate_weights(model, start, alpha)
         verse = measure_verse(model, tokenizer, args.eval_prompts, args.eval_samples_per_prompt)
-        bits = validation_bits_per_byte(model, tokenizer, str(Path(record["folder"]) / "interpolation"))
+        bits = validation_bits_per_byte(model, tokenizer)
         points[str(alpha)] = {**verse.as_dict(), "validation_bits_per_byte": bits}
         print(f"{alpha}: {verse.scan_share:.1%} scan, {verse.distinct_share:.1%} distinct, {bits:.4f} bits/byte")
     return points

@@ -15,7 +15,7 @@ from conftest import TINY_RUN
 from test_bad_input import cli_error
 
 from minirope import MiniRopeConfig
-from minirope.commands import export, extend, finetune, generate, pretrain
+from minirope.commands import export, extend, finetune, generate, posttrain, pretrain
 
 PLAY = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n" * 60
 TINY_EXTEND = [
@@ -58,6 +58,8 @@ def world(tiny_pretrained, tmp_path_factory) -> Path:
         "bad.jsonl": json.dumps({"text": PLAY}) + "\nnot json\n",
         "empty.txt": "",
         "x.csv": "a,b\n",
+        "no-chosen.jsonl": json.dumps({"prompt": "ROMEO:\n", "chosen": "Ay.\n", "rejected": "No.\n"}) + "\n"
+        + json.dumps({"prompt": "ROMEO:\n", "rejected": "No.\n"}) + "\n",
         "bad-args.json": '{"max_steps": 3,\n "output_dir": }\n',
         "unknown-args.json": json.dumps({"max_stepz": 3}),
     }
@@ -98,13 +100,32 @@ def model_variant(world: Path, tmp_path: Path, change) -> Path:
     return folder
 
 
+def other_vocabulary(world: Path, tmp_path: Path, _) -> Path:
+    """A copy of the model folder whose tokenizer gives two tokens each other's ids (another vocabulary, same size)."""
+    folder = tmp_path / "teacher"
+    shutil.copytree(world / "model", folder, ignore=shutil.ignore_patterns("checkpoint-*"))
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    first, second = list(vocab)[300:302]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return folder
+
+
+def text_reward(completions, **kwargs):
+    """A reward that breaks TRL's contract: text instead of numbers (imported by the table as
+    test_bad_input_table.text_reward)."""
+    return ["good"] * len(completions)
+
+
 def rope(config: dict, **values) -> None:
     config["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, **values}
 
 
 PRETRAIN, FINETUNE, EXTEND = "minirope-pretrain", "minirope-finetune", "minirope-extend"
-GENERATE, EXPORT = "minirope-generate", "minirope-export"
+GENERATE, EXPORT, POSTTRAIN = "minirope-generate", "minirope-export", "minirope-posttrain"
 MAINS = {
+    POSTTRAIN: posttrain.main,
     PRETRAIN: pretrain.main,
     FINETUNE: finetune.main,
     EXTEND: extend.main,
@@ -116,6 +137,8 @@ E, G, X = [*F, *TINY_EXTEND], ["--model", "{model}", "--prompt", "ROMEO:"], ["--
 T, V = ["--train_file", "{w}/train.txt"], ["--validation_file", "{w}/valid.txt"]
 VC = ["--validation_file", "{w}/chat.jsonl"]
 PLAY_DATA = ["--play", "the-tempest"]
+POST = [*F, "--max_steps", "2", "--eval_prompts", "1", "--eval_samples_per_prompt", "2", "--eval_max_new_tokens", "4"]
+GRPO, DPO, DISTILL = [*POST, "--method", "grpo"], [*POST, "--method", "dpo"], [*POST, "--method", "distill"]
 
 # (command, argv, what the error line must contain); {w} is the inputs' folder, {model} its model, {out} a fresh path.
 # An argv that starts with a callable builds its model or run folder first.
@@ -326,6 +349,33 @@ CASES = [
     ),
     (EXPORT, ["--model", "{model}", "--output", "{w}/valid.txt", "--format", "gguf"], "valid.txt exists"),
     (EXPORT, ["--model", "{w}/none", "--output", "{out}", "--format", "llama"], "'{w}/none': it does not exist"),
+    (POSTTRAIN, [*POST, "--method", "ppo"], "--method 'ppo' is not one of grpo, dpo, distill"),
+    (POSTTRAIN, [*GRPO, "--reward_funcs", "no_such_reward"], "--reward_funcs 'no_such_reward' is not a reward"),
+    (POSTTRAIN, [*GRPO, "--reward_funcs", "os.no_such_reward"], "--reward_funcs 'os.no_such_reward' is not a reward"),
+    (
+        POSTTRAIN,
+        [*GRPO, "--reward_funcs", "test_bad_input_table.text_reward"],
+        "reward text_reward returned ['good'] for 1 completions: a reward must return a list of one number",
+    ),
+    (POSTTRAIN, [*GRPO, "--num_generations", "1"], "--num_generations must be >= 2, got 1"),
+    (POSTTRAIN, [*GRPO, "--weight_interpolation", "0"], "--weight_interpolation must be in (0, 1], got 0.0"),
+    (POSTTRAIN, [*GRPO, "--lm_coef", "-1"], "--lm_coef must be >= 0"),
+    (POSTTRAIN, [*DPO, "--train_file", "{w}/no-chosen.jsonl"], "no-chosen.jsonl line 2 has no 'chosen' text"),
+    (POSTTRAIN, [*DPO, "--train_file", "{w}/none.jsonl"], "none.jsonl"),
+    (POSTTRAIN, DISTILL, "--method distill needs --teacher_model_name_or_path"),
+    (POSTTRAIN, [*DISTILL, "--teacher_model_name_or_path", "{w}/none"], "'{w}/none': it does not exist"),
+    (
+        POSTTRAIN,
+        [*DISTILL, "--teacher_model_name_or_path", "{w}/train.txt"],
+        "cannot load a model from '{w}/train.txt': it is a file",
+    ),
+    (
+        POSTTRAIN,
+        [other_vocabulary, None, *DISTILL, "--teacher_model_name_or_path", "{model}", "--model_name_or_path",
+         "{w}/model"],
+        "the teacher's tokenizer (320 tokens) is not the student's",
+    ),
+    (POSTTRAIN, [*GRPO, "--output_dir", "{model}"], "--output_dir {model} is --model_name_or_path"),
 ]
 
 

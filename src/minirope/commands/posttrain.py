@@ -19,6 +19,7 @@ validation bits per byte; they go to the output folder (run_summary.json) and it
 
 import importlib.util
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,13 +57,14 @@ def parse_args(argv: list[str] | None = None) -> tuple:
     return parse_cli_args((PosttrainArguments, config), argv)
 
 
-def validation_bits_per_byte(model, tokenizer, output_dir: str) -> float:
+def validation_bits_per_byte(model, tokenizer) -> float:
     """Whole-text bits per byte of the validation plays, each play in windows of the model's context
-    (`minirope.training.metrics`), as `minirope-pretrain` reports it."""
+    (`minirope.training.metrics`), as `minirope-pretrain` reports it. Writes nothing."""
     windows = validation_windows(bundled_shards("validation"), tokenizer, model.config.max_position_embeddings)
-    args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=16, report_to="none")
-    trainer = MiniRopeTrainer(model=model, args=args, processing_class=tokenizer, eval_dataset=windows)
-    return trainer.evaluate()[METRIC]
+    with tempfile.TemporaryDirectory() as scratch:
+        args = TrainingArguments(output_dir=scratch, per_device_eval_batch_size=16, report_to="none")
+        trainer = MiniRopeTrainer(model=model, args=args, processing_class=tokenizer, eval_dataset=windows)
+        return trainer.evaluate()[METRIC]
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -129,7 +131,7 @@ def measure(model, tokenizer, args, config) -> tuple[VerseMeasure, float]:
     """The verse measure (`measure_verse`) and the validation bits per byte of `model`, printed."""
     verse = measure_verse(model, tokenizer, args.eval_prompts, args.eval_samples_per_prompt, args.eval_max_new_tokens,
                           seed=config.seed)  # fmt: skip
-    bits = validation_bits_per_byte(model, tokenizer, config.output_dir)
+    bits = validation_bits_per_byte(model, tokenizer)
     print(f"[minirope] {verse.lines} sampled lines: {verse.scan_share:.1%} scan, {verse.distinct_share:.1%} distinct; "
           f"validation {bits:.4f} bits/byte")  # fmt: skip
     return verse, bits

@@ -110,6 +110,14 @@ class PosttrainGRPOConfig(GRPOConfig):
     logging_steps: float = _COMMON["logging_steps"]
     gradient_checkpointing: bool = _COMMON["gradient_checkpointing"]
 
+    def __post_init__(self) -> None:
+        if self.num_generations is not None and self.num_generations < 2:
+            raise ValueError(
+                f"--num_generations must be >= 2, got {self.num_generations}: GRPO scores each completion against the "
+                f"other completions of its prompt (e.g. 8)."
+            )
+        super().__post_init__()
+
 
 @dataclass
 class PosttrainDPOConfig(DPOConfig):
@@ -157,7 +165,7 @@ def resolve_reward(name: str):
         return getattr(trl.rewards, name)
     module_name, _, attribute = name.rpartition(".")
     try:
-        reward = getattr(importlib.import_module(module_name), attribute) if module_name else None
+        reward = getattr(importlib.import_module(module_name), attribute, None) if module_name else None
     except ImportError:
         reward = None
     if not callable(reward):
@@ -185,7 +193,7 @@ def check_rewards(rewards: list, prompts: list[str], completions: list[str]) -> 
         numbers = isinstance(values, list | tuple) and len(values) == len(completions)
         if not numbers or not all(value is None or isinstance(value, int | float) for value in values):
             raise ValueError(
-                f"reward {name} returned {str(values)[:80]!r} for {len(completions)} completions: a reward must "
+                f"reward {name} returned {str(values)[:80]} for {len(completions)} completions: a reward must "
                 f"return a list of one number (float) per completion."
             )
 
