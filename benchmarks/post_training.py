@@ -38,9 +38,9 @@ PLOT = ROOT / "docs" / "post_training_frontier.png"
 
 
 def machine() -> dict:
-    from minirope.cpu_products import cpu_model_name
-
     import trl
+
+    from minirope.cpu_products import cpu_model_name
 
     return {
         "cpu": cpu_model_name(),
@@ -71,7 +71,12 @@ def run_one(name: str, flags: str, base: str, runs: Path) -> dict:
     subprocess.run(command, check=True)
     summary = json.loads((output / "run_summary.json").read_text())
     summary.pop("samples")
-    return {**summary, "flags": flags, "process_seconds": round(time.perf_counter() - started, 1), "folder": str(output)}
+    return {
+        **summary,
+        "flags": flags,
+        "process_seconds": round(time.perf_counter() - started, 1),
+        "folder": str(output),
+    }
 
 
 def interpolate(record: dict, alphas: list[float], args) -> dict:

@@ -58,8 +58,10 @@ def world(tiny_pretrained, tmp_path_factory) -> Path:
         "bad.jsonl": json.dumps({"text": PLAY}) + "\nnot json\n",
         "empty.txt": "",
         "x.csv": "a,b\n",
-        "no-chosen.jsonl": json.dumps({"prompt": "ROMEO:\n", "chosen": "Ay.\n", "rejected": "No.\n"}) + "\n"
-        + json.dumps({"prompt": "ROMEO:\n", "rejected": "No.\n"}) + "\n",
+        "no-chosen.jsonl": json.dumps({"prompt": "ROMEO:\n", "chosen": "Ay.\n", "rejected": "No.\n"})
+        + "\n"
+        + json.dumps({"prompt": "ROMEO:\n", "rejected": "No.\n"})
+        + "\n",
         "bad-args.json": '{"max_steps": 3,\n "output_dir": }\n',
         "unknown-args.json": json.dumps({"max_stepz": 3}),
     }
@@ -371,8 +373,15 @@ CASES = [
     ),
     (
         POSTTRAIN,
-        [other_vocabulary, None, *DISTILL, "--teacher_model_name_or_path", "{model}", "--model_name_or_path",
-         "{w}/model"],
+        [
+            other_vocabulary,
+            None,
+            *DISTILL,
+            "--teacher_model_name_or_path",
+            "{model}",
+            "--model_name_or_path",
+            "{w}/model",
+        ],
         "the teacher's tokenizer (320 tokens) is not the student's",
     ),
     (POSTTRAIN, [*GRPO, "--output_dir", "{model}"], "--output_dir {model} is --model_name_or_path"),

@@ -36,7 +36,16 @@ SMALL = {
                "--torch_compile", "False"],
     "generate": ["--max_new_tokens", "8"],
     "export": [],
+    "posttrain": ["--max_steps", "2", "--num_prompts", "8", "--eval_prompts", "2", "--eval_samples_per_prompt", "2",
+                  "--eval_max_new_tokens", "8", "--per_device_train_batch_size", "4"],
 }  # fmt: skip
+# minirope-posttrain's flags that only one method's TRL config has; dpo's own pairs are ranked by length, as the tiny
+# model's lines never scan (no pair would differ).
+SMALL_POSTTRAIN = {
+    "grpo": ["--num_generations", "2", "--max_completion_length", "8"],
+    "dpo": ["--max_length", "32", "--samples_per_prompt", "4", "--reward_funcs", "test_docs.length_reward"],
+    "distill": ["--max_completion_length", "8"],
+}
 PLACEHOLDERS = {
     "DIR": "runs/minirope-shakespeare",
     "NAME": "local-dataset",
@@ -52,6 +61,11 @@ NOT_RUN = {
     "lm_eval": "tests/test_lm_eval.py runs the lm_eval CLI on a trained folder",
 }
 SCRIPTS = ("python benchmarks/", "python examples/")
+
+
+def length_reward(completions: list, **kwargs) -> list[float]:
+    """A reward with spread on a tiny model's text: the completion's length."""
+    return [float(len(completion)) for completion in completions]
 
 
 def blocks(page: Path | str) -> list[tuple[str, str]]:
@@ -113,7 +127,10 @@ def run_command(command: str, servers: contextlib.ExitStack, workspace: Path) ->
 
         name = program.removeprefix("minirope-")
         module = importlib.import_module(f"minirope.commands.{name}")
-        module.run([*words[1:], *SMALL[name]])
+        small = SMALL[name]
+        if name == "posttrain":
+            small = [*small, *SMALL_POSTTRAIN[module.method_of(words)]]
+        module.run([*words[1:], *small])
     elif command.startswith(SCRIPTS):
         script = words[1]
         helped = subprocess.run([sys.executable, ROOT / script, "--help"], capture_output=True, text=True, cwd=ROOT)

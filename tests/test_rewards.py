@@ -45,7 +45,9 @@ def test_word_syllables_reads_the_first_pronunciation_and_strips_outer_apostroph
     assert word_syllables("frabjous") is None
 
 
-@pytest.mark.parametrize("line", ["ROMEO:", "KING RICHARD II:", "FIRST CITIZEN:", "[Exit]", "Exeunt", "Enter ROMEO", "", "  "])
+@pytest.mark.parametrize(
+    "line", ["ROMEO:", "KING RICHARD II:", "FIRST CITIZEN:", "[Exit]", "Exeunt", "Enter ROMEO", "", "  "]
+)
 def test_headers_directions_and_empty_lines_are_not_lines(line):
     assert not is_verse_line(line)
     assert not scans(line)

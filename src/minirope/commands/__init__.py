@@ -3,6 +3,7 @@
     pretrain   train a model from scratch on the bundled corpus, files or a dataset, in memory or streamed
     finetune   fine-tune a folder on text, prompt/completion pairs or a play (full or LoRA)
     extend     stretch a model's context with RoPE scaling and a short fine-tune
+    posttrain  GRPO from a reward, DPO from preference pairs, or distillation from a teacher, with TRL's trainers
     generate   stream text from a folder
     export     write a folder as a Llama folder, a GGUF file or an ONNX model
 

@@ -67,6 +67,67 @@ def validation_bits_per_byte(model, tokenizer) -> float:
         return trainer.evaluate()[METRIC]
 
 
+@dataclass
+class Setup:
+    """What a run trains: the model and its tokenizer, the teacher (distill), the rewards (grpo; dpo's own pairs)
+    and the training rows (prompts, or preference pairs; None until dpo builds its own)."""
+
+    model: object
+    tokenizer: object
+    teacher: object | None
+    rewards: list
+    dataset: Dataset | None
+
+
+def prepare(args, config) -> Setup:
+    """Every check that can fail, before any work: the output folder, the model, the teacher, the rewards, the data.
+
+    Raises:
+        ValueError, OSError: naming the flag, the folder or the file.
+    """
+    from minirope.training import posttraining as post
+
+    teacher_path = getattr(config, "teacher_model_name_or_path", None)
+    if args.method == "distill" and not teacher_path:
+        raise ValueError("--method distill needs --teacher_model_name_or_path: the folder of the teacher.")
+    inputs = {"--model_name_or_path": args.model_name_or_path, "--teacher_model_name_or_path": teacher_path}
+    check_output(config.output_dir, "--output_dir", inputs)
+    model, tokenizer = load_causal_lm(ModelArguments(args.model_name_or_path, config.trust_remote_code))
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    check_previous_run(config.output_dir, model.config, overwrite=args.overwrite_output_dir, resuming=False)
+    teacher = None
+    if teacher_path:
+        teacher, teacher_tokenizer = load_causal_lm(ModelArguments(teacher_path, config.trust_remote_code))
+        post.check_teacher(tokenizer, teacher_tokenizer)
+    rewards = [post.resolve_reward(name) for name in args.reward_funcs] if args.method != "distill" else []
+    if args.method == "dpo":
+        dataset = post.read_pairs(args.train_file) if args.train_file else None
+    else:
+        dataset = post.prompt_dataset(args, config.seed)
+    return Setup(model, tokenizer, teacher, rewards, dataset)
+
+
+def own_preference_pairs(setup: Setup, args, config) -> Dataset:
+    """dpo without --train_file: pairs from the model's own samples ranked by the first reward, written to the output
+    folder (`preference_pairs.jsonl`) for the user to read and reuse.
+
+    Raises:
+        ValueError: no prompt's samples differ in reward.
+    """
+    from minirope.training import posttraining as post
+
+    prompts = post.training_prompts(args.num_prompts, config.seed)
+    pairs = post.own_pairs(setup.model, setup.tokenizer, prompts, args.samples_per_prompt, setup.rewards[0],
+                           config.seed, args.eval_max_new_tokens)  # fmt: skip
+    if not pairs:
+        raise ValueError("no preference pairs: every sample of each prompt got the same reward; raise "
+                         "--samples_per_prompt or --num_prompts, or give --train_file.")  # fmt: skip
+    path = Path(config.output_dir) / post.PAIRS_FILE
+    post.write_jsonl(path, pairs)
+    print(f"[minirope] {len(pairs)} preference pairs from the model's own samples: {path}")
+    return Dataset.from_list(pairs)
+
+
 def run(argv: list[str] | None = None) -> dict:
     """Parse `argv`, post-train, save, and return the summary (verse measure and bits per byte before and after).
 
@@ -79,52 +140,30 @@ def run(argv: list[str] | None = None) -> dict:
 
     args, config = parse_args(argv)
     set_seed(config.seed)
-    model_args = ModelArguments(args.model_name_or_path, trust_remote_code=config.trust_remote_code)
-    teacher_path = getattr(config, "teacher_model_name_or_path", None)
-    if args.method == "distill" and not teacher_path:
-        raise ValueError("--method distill needs --teacher_model_name_or_path: the folder of the teacher.")
-    inputs = {"--model_name_or_path": args.model_name_or_path, "--teacher_model_name_or_path": teacher_path}
-    check_output(config.output_dir, "--output_dir", inputs)
-    model, tokenizer = load_causal_lm(model_args)
-    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    check_previous_run(config.output_dir, model.config, overwrite=args.overwrite_output_dir, resuming=False)
-    teacher = None
-    if args.method == "distill":
-        teacher, teacher_tokenizer = load_causal_lm(ModelArguments(teacher_path, config.trust_remote_code))
-        post.check_teacher(tokenizer, teacher_tokenizer)
-    rewards = [post.resolve_reward(name) for name in args.reward_funcs] if args.method != "distill" else []
-    pairs = post.read_pairs(args.train_file) if args.method == "dpo" and args.train_file else None
-    prompts = post.prompt_dataset(args, config.seed) if args.method != "dpo" else None
+    setup = prepare(args, config)
+    before = measure(setup.model, setup.tokenizer, args, config)
+    post.check_rewards(setup.rewards, [sample["completion"] for sample in before[0].samples])
+    if setup.dataset is None:
+        setup.dataset = own_preference_pairs(setup, args, config)
 
-    before = measure(model, tokenizer, args, config)
-    post.check_rewards(rewards, *zip(*[(s["prompt"], s["completion"]) for s in before[0].samples], strict=True))
-    if args.method == "dpo" and pairs is None:
-        own = post.own_pairs(
-            model, tokenizer, post.training_prompts(args.num_prompts, config.seed), args.samples_per_prompt,
-            rewards[0], config.seed, args.eval_max_new_tokens,
-        )  # fmt: skip
-        if not own:
-            raise ValueError("no preference pairs: every sample of each prompt got the same reward; raise "
-                             "--samples_per_prompt or --num_prompts, or give --train_file.")  # fmt: skip
-        post.write_jsonl(Path(config.output_dir) / post.PAIRS_FILE, own)
-        print(f"[minirope] {len(own)} preference pairs from the model's own samples: {config.output_dir}/{post.PAIRS_FILE}")
-        pairs = Dataset.from_list(own)
-
-    start_weights = {name: param.detach().clone() for name, param in model.named_parameters()}
-    kwargs = {"reward_funcs": rewards} if args.method == "grpo" else {"teacher_model": teacher} if teacher else {}
+    start_weights = {name: param.detach().clone() for name, param in setup.model.named_parameters()}
+    method_kwargs = {"grpo": {"reward_funcs": setup.rewards}, "distill": {"teacher_model": setup.teacher}}
     trainer = post.TRAINERS[args.method](
-        model=model, args=config, train_dataset=pairs if pairs is not None else prompts, processing_class=tokenizer,
-        **kwargs,
-    )  # fmt: skip
+        model=setup.model,
+        args=config,
+        train_dataset=setup.dataset,
+        processing_class=setup.tokenizer,
+        **method_kwargs.get(args.method, {}),
+    )
     if args.lm_coef:
-        data_args = TextDataArguments(block_size=model.config.max_position_embeddings)
-        blocks = training_blocks(bundled_shards("train"), tokenizer, data_args, config.seed).with_format("torch")
-        trainer.set_corpus(blocks[:]["input_ids"], args.lm_coef, args.lm_batch_size)
+        data_args = TextDataArguments(block_size=setup.model.config.max_position_embeddings)
+        blocks = training_blocks(bundled_shards("train"), setup.tokenizer, data_args, config.seed)
+        trainer.set_corpus(blocks.with_format("torch")[:]["input_ids"], args.lm_coef, args.lm_batch_size)
     remove_old_checkpoints(config.output_dir)
     train_metrics = trainer.train().metrics
     post.interpolate_weights(trainer.model, start_weights, args.weight_interpolation)
-    after = measure(trainer.model, tokenizer, args, config)
-    return report(trainer, model_args, args, before, after, train_metrics)
+    after = measure(trainer.model, setup.tokenizer, args, config)
+    return report(trainer, args, before, after, train_metrics)
 
 
 def measure(model, tokenizer, args, config) -> tuple[VerseMeasure, float]:
@@ -143,11 +182,11 @@ class Side:
     bits: float
 
 
-def report(trainer, model_args, args, before, after, train_metrics: dict) -> dict:
+def report(trainer, args, before, after, train_metrics: dict) -> dict:
     """Write the folder (model, tokenizer, card, metrics, summary, samples) and print the before -> after line."""
     before, after = Side(*before), Side(*after)
     config = trainer.args
-    steps, base = trainer.state.global_step, model_args.model_name_or_path
+    steps, base = trainer.state.global_step, args.model_name_or_path
     summary = {
         "base_model": base,
         "method": args.method,
@@ -169,13 +208,13 @@ def report(trainer, model_args, args, before, after, train_metrics: dict) -> dic
     what = {"grpo": f"TRL's GRPOTrainer with {', '.join(args.reward_funcs)}", "dpo": "TRL's DPOTrainer",
             "distill": f"TRL's DistillationTrainer from `{summary['teacher']}`"}[args.method]  # fmt: skip
     how_trained = (
-        f"Post-trained from `{base}` with `minirope-posttrain` ({what}): {steps} steps, lr {config.learning_rate}, corpus loss weight {args.lm_coef}, weight interpolation "
-        f"{args.weight_interpolation}. Sampled lines of the validation speakers that scan (ten syllables by CMUdict): "
+        f"Post-trained from `{base}` with `minirope-posttrain` ({what}): {steps} steps, lr {config.learning_rate}, "
+        f"corpus loss weight {args.lm_coef}, weight interpolation {args.weight_interpolation}. Sampled lines of the validation speakers that scan (ten syllables by CMUdict): "
         f"{before.verse.scan_share:.1%} before, {after.verse.scan_share:.1%} after ({after.verse.lines} lines, "
         f"{after.verse.distinct_share:.1%} distinct); validation bits per byte {before.bits:.4f} before, "
         f"{after.bits:.4f} after."
     )
-    card = model_card(trainer.args.output_dir.rstrip("/").split("/")[-1], trainer.model.config,
+    card = model_card(Path(config.output_dir).name, trainer.model.config,
                       {METRIC: after.bits}, BUNDLED_CORPUS, how_trained, base_model=base)  # fmt: skip
     line = (
         f"lines that scan {before.verse.scan_share:.1%} -> {after.verse.scan_share:.1%}, distinct "

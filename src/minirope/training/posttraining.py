@@ -177,7 +177,7 @@ def resolve_reward(name: str):
     return reward
 
 
-def check_rewards(rewards: list, prompts: list[str], completions: list[str]) -> None:
+def check_rewards(rewards: list, completions: list[str]) -> None:
     """Call each reward on real completions before training, as TRL will.
 
     Raises:
@@ -187,7 +187,7 @@ def check_rewards(rewards: list, prompts: list[str], completions: list[str]) -> 
     for reward in rewards:
         name = getattr(reward, "__name__", repr(reward))
         try:
-            values = reward(prompts=prompts, completions=completions, completion_ids=[[] for _ in completions])
+            values = reward(completions=completions, completion_ids=[[] for _ in completions])
         except Exception as error:  # a user's function: any failure is reported as its own
             raise ValueError(f"reward {name} failed on the model's samples: {type(error).__name__}: {error}") from None
         numbers = isinstance(values, list | tuple) and len(values) == len(completions)
@@ -296,7 +296,11 @@ class MiniRopeDPOTrainer(CorpusLoss, DPOTrainer):
     """TRL's `DPOTrainer`, with the corpus loss of `CorpusLoss`."""
 
 
-TRAINERS = {"grpo": MiniRopeGRPOTrainer, "dpo": MiniRopeDPOTrainer, "distill": DistillationTrainer}
+class MiniRopeDistillationTrainer(CorpusLoss, DistillationTrainer):
+    """TRL's `DistillationTrainer`, with the corpus loss of `CorpusLoss`."""
+
+
+TRAINERS = {"grpo": MiniRopeGRPOTrainer, "dpo": MiniRopeDPOTrainer, "distill": MiniRopeDistillationTrainer}
 
 
 @torch.no_grad()

@@ -51,22 +51,25 @@ def validation_headers(count: int) -> list[str]:
 
 @torch.no_grad()
 def sample_completions(
-    model, tokenizer, prompts: list[str], per_prompt: int, max_new_tokens: int, seed: int
+    model, tokenizer, prompts: list[str], per_prompt: int, max_new_tokens: int, seed: int, batch: int = 256
 ) -> list[list[str]]:
-    """`per_prompt` sampled completions of each prompt (`SAMPLING`, seeded), decoded without special tokens."""
+    """`per_prompt` sampled completions of each prompt (`SAMPLING`, seeded), decoded without special tokens; prompts
+    go to `generate()` left-padded, as many at a time as make at most `batch` sequences."""
     model.eval()
     torch.manual_seed(seed)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
     completions = []
-    for prompt in prompts:
-        inputs = tokenizer(prompt, return_tensors="pt").to(model.device)
-        out = model.generate(
-            **inputs,
-            **SAMPLING,
-            max_new_tokens=max_new_tokens,
-            num_return_sequences=per_prompt,
-            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-        )
-        completions.append(tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True))
+    try:
+        step = max(1, batch // per_prompt)
+        for first in range(0, len(prompts), step):
+            inputs = tokenizer(prompts[first : first + step], return_tensors="pt", padding=True).to(model.device)
+            out = model.generate(**inputs, **SAMPLING, max_new_tokens=max_new_tokens, num_return_sequences=per_prompt,
+                                 pad_token_id=pad)  # fmt: skip
+            texts = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+            completions += [texts[row : row + per_prompt] for row in range(0, len(texts), per_prompt)]
+    finally:
+        tokenizer.padding_side = side
     return completions
 
 
