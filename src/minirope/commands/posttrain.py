@@ -209,7 +209,8 @@ def report(trainer, args, before, after, train_metrics: dict) -> dict:
             "distill": f"TRL's DistillationTrainer from `{summary['teacher']}`"}[args.method]  # fmt: skip
     how_trained = (
         f"Post-trained from `{base}` with `minirope-posttrain` ({what}): {steps} steps, lr {config.learning_rate}, "
-        f"corpus loss weight {args.lm_coef}, weight interpolation {args.weight_interpolation}. Sampled lines of the validation speakers that scan (ten syllables by CMUdict): "
+        f"corpus loss weight {args.lm_coef}, weight interpolation {args.weight_interpolation}. Sampled lines of the "
+        f"validation speakers that scan (ten syllables by CMUdict): "
         f"{before.verse.scan_share:.1%} before, {after.verse.scan_share:.1%} after ({after.verse.lines} lines, "
         f"{after.verse.distinct_share:.1%} distinct); validation bits per byte {before.bits:.4f} before, "
         f"{after.bits:.4f} after."
