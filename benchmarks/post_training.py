@@ -79,6 +79,43 @@ def run_one(name: str, flags: str, base: str, runs: Path) -> dict:
     }
 
 
+def lm_baseline(name: str, record: dict, runs: Path) -> dict:
+    """A distillation run's baseline without the teacher: the same student, steps, batch, learning rate and schedule,
+    trained on the training plays' text (`minirope-finetune`, language-modelling loss, blocks of the model's context),
+    scored with the same whole-text validation bits per byte."""
+    from minirope.commands.posttrain import validation_bits_per_byte
+    from minirope.folders import ModelArguments, load_causal_lm
+    from minirope.training.corpus import shakespeare_dataset
+
+    plays = runs / "plays"
+    for split, dataset in shakespeare_dataset().items():
+        (plays / split).mkdir(parents=True, exist_ok=True)
+        for text, source in zip(dataset["text"], dataset["source"], strict=True):
+            (plays / split / f"{source}.txt").write_text(text)
+    output = runs / name
+    command = [
+        sys.executable, "-m", "minirope.commands.finetune", "--model_name_or_path", record["base_model"],
+        "--output_dir", str(output), "--train_file", *map(str, sorted((plays / "train").glob("*.txt"))),
+        "--validation_file", *map(str, sorted((plays / "validation").glob("*.txt"))),
+        "--max_steps", str(record["steps"]), "--per_device_train_batch_size", str(record["batch_size"]),
+        "--learning_rate", str(record["learning_rate"]), "--lr_scheduler_type", "linear", "--warmup_steps", "0",
+        "--weight_decay", "0", "--bf16", "False", "--torch_compile", "False", "--eval_strategy", "no",
+        "--save_strategy", "no", "--overwrite_output_dir", "True",
+    ]  # fmt: skip
+    started = time.perf_counter()
+    subprocess.run(command, check=True)
+    model, tokenizer = load_causal_lm(ModelArguments(str(output)))
+    return {
+        "method": "lm (no teacher)",
+        "base_model": record["base_model"],
+        "steps": record["steps"],
+        "process_seconds": round(time.perf_counter() - started, 1),
+        "before": {"validation_bits_per_byte": record["before"]["validation_bits_per_byte"]},
+        "after": {"validation_bits_per_byte": validation_bits_per_byte(model, tokenizer)},
+        "folder": str(output),
+    }
+
+
 def interpolate(record: dict, alphas: list[float], args) -> dict:
     """The verse measure and bits per byte of `start + a * (tuned - start)` for each `a`, from the run's folder."""
     from minirope.commands.posttrain import validation_bits_per_byte
@@ -101,12 +138,14 @@ def interpolate(record: dict, alphas: list[float], args) -> dict:
 
 def plot(results: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    base = next((record["before"] for record in results.values() if "before" in record), None)
+    base = next((record["before"] for record in results.values() if record.get("method") in ("grpo", "dpo")), None)
     if base:
         ax.scatter([base["validation_bits_per_byte"]], [100 * base["scan_share"]], c="black", marker="*", s=120,
                    label="base model", zorder=3)  # fmt: skip
     for name, record in sorted(results.items()):
         after = record["after"]
+        if record.get("method") not in ("grpo", "dpo"):
+            continue
         ax.scatter([after["validation_bits_per_byte"]], [100 * after["scan_share"]], label=name, zorder=2)
         curve = sorted(record.get("interpolation", {}).items(), key=lambda item: float(item[0]))
         if curve:
@@ -137,6 +176,7 @@ def main() -> None:
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.25, 0.5, 0.75])
     parser.add_argument("--eval_prompts", type=int, default=16)
     parser.add_argument("--eval_samples_per_prompt", type=int, default=16)
+    parser.add_argument("--lm_baseline", help="NAME of a recorded distill run: train its student without the teacher")
     parser.add_argument("--plot", action="store_true", help="only redraw the plot")
     args = parser.parse_args()
 
@@ -148,6 +188,11 @@ def main() -> None:
         after = results[name]["after"]
         print(f"{name}: {after['scan_share']:.1%} scan, {after['distinct_share']:.1%} distinct, "
               f"{after['validation_bits_per_byte']:.4f} bits/byte, {results[name]['train_seconds']} s")  # fmt: skip
+    if args.lm_baseline:
+        name = f"{args.lm_baseline}-without-teacher"
+        results[name] = {**lm_baseline(name, results[args.lm_baseline], args.runs_dir), "machine": machine()}
+        save(args.results, results)
+        print(f"{name}: {results[name]['after']['validation_bits_per_byte']:.4f} bits/byte")
     if args.interpolate:
         record = results[args.interpolate]
         record["interpolation"] = {**record.get("interpolation", {}), **interpolate(record, args.alphas, args)}

@@ -32,6 +32,7 @@ from minirope.training.arguments import parse_cli_args
 from minirope.training.corpus import BUNDLED_CORPUS, bundled_shards
 from minirope.training.data import TextDataArguments, training_blocks, validation_windows
 from minirope.training.output import check_previous_run, finish_run, model_card, remove_old_checkpoints
+from minirope.training.throughput import training_flops_per_token
 from minirope.training.trainer import MiniRopeTrainer
 from minirope.training.verse import VerseMeasure, measure_verse
 
@@ -182,6 +183,15 @@ class Side:
     bits: float
 
 
+def teacher_flops(trainer, args) -> float:
+    """The teacher's compute in model FLOPs: a forward pass (a third of `training_flops_per_token`, PaLM counting) over
+    every prompt and completion token the student trained on (TRL's `num_input_tokens_seen`), at the context of the
+    sequences it scored (prompt + `--max_completion_length`, at most its `max_position_embeddings`)."""
+    teacher = trainer.teacher_model.config
+    length = min(trainer.args.max_completion_length + 16, teacher.max_position_embeddings)
+    return trainer.state.num_input_tokens_seen * training_flops_per_token(teacher, length) / 3
+
+
 def report(trainer, args, before, after, train_metrics: dict) -> dict:
     """Write the folder (model, tokenizer, card, metrics, summary, samples) and print the before -> after line."""
     before, after = Side(*before), Side(*after)
@@ -194,10 +204,13 @@ def report(trainer, args, before, after, train_metrics: dict) -> dict:
         "reward_funcs": args.reward_funcs if args.method != "distill" else [],
         "steps": steps,
         "learning_rate": config.learning_rate,
+        "batch_size": config.per_device_train_batch_size,
         "beta": getattr(config, "beta", None),
         "lm_coef": args.lm_coef,
         "weight_interpolation": args.weight_interpolation,
         "train_seconds": round(train_metrics.get("train_runtime", 0.0), 1),
+        "tokens_seen": trainer.state.num_input_tokens_seen,
+        "teacher_model_flops": teacher_flops(trainer, args) if args.method == "distill" else 0,
         "before": {**before.verse.as_dict(), "validation_bits_per_byte": before.bits},
         "after": {**after.verse.as_dict(), "validation_bits_per_byte": after.bits},
         "samples": [

@@ -29,6 +29,7 @@ from minirope.training.verse import sample_completions, training_prompts
 METHODS = ("grpo", "dpo", "distill")
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
 PAIRS_FILE = "preference_pairs.jsonl"
+LM_COEF = {"grpo": 0.2, "dpo": 0.3, "distill": 0.0}  # measured in docs/post_training.md
 TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")  # `trl grpo`'s registry
 
 
@@ -59,8 +60,12 @@ class PosttrainArguments:
     )
     num_prompts: int = field(default=1024, metadata={"help": "Prompts drawn from the training plays."})
     samples_per_prompt: int = field(default=8, metadata={"help": "dpo: samples of each prompt ranked for a pair."})
-    lm_coef: float = field(
-        default=0.0, metadata={"help": "Weight of the corpus language-modelling loss added to each update (ptx)."}
+    lm_coef: float | None = field(
+        default=None,
+        metadata={
+            "help": "Weight of the training plays' language-modelling loss added to each update (ptx); default "
+            f"{', '.join(f'{method} {coef}' for method, coef in LM_COEF.items())} (docs/post_training.md)."
+        },
     )
     lm_batch_size: int = field(default=4, metadata={"help": "Corpus blocks per update for --lm_coef."})
     weight_interpolation: float = field(
@@ -82,6 +87,8 @@ class PosttrainArguments:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}.")
         if self.method == "dpo" and self.samples_per_prompt < 2 and not self.train_file:
             raise ValueError("--samples_per_prompt must be >= 2 to rank a pair: e.g. 8.")
+        if self.lm_coef is None:
+            self.lm_coef = LM_COEF[self.method]
         if self.lm_coef < 0:
             raise ValueError(f"--lm_coef must be >= 0, got {self.lm_coef}.")
         if not 0 < self.weight_interpolation <= 1:
@@ -97,14 +104,14 @@ _COMMON = dict(bf16=False, save_strategy="no", logging_steps=10, gradient_checkp
 @dataclass
 class PosttrainGRPOConfig(GRPOConfig):
     output_dir: str = "runs/minirope-grpo"
-    learning_rate: float = 5e-5
-    beta: float = 0.1
+    learning_rate: float = 2e-4
+    beta: float = 0.04
     num_generations: int | None = 8
     per_device_train_batch_size: int = 16
     max_completion_length: int | None = 48
     temperature: float = 0.8
     top_k: int = 50
-    max_steps: int = 300
+    max_steps: int = 1000
     bf16: bool | None = _COMMON["bf16"]
     save_strategy: str = _COMMON["save_strategy"]
     logging_steps: float = _COMMON["logging_steps"]
