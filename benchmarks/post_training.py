@@ -129,7 +129,9 @@ def interpolate(record: dict, alphas: list[float], args) -> dict:
     for alpha in alphas:
         model, _ = load_causal_lm(ModelArguments(record["folder"]))
         interpolate_weights(model, start, alpha)
-        verse = measure_verse(model, tokenizer, args.eval_prompts, args.eval_samples_per_prompt)
+        verse = measure_verse(
+            model, tokenizer, args.eval_prompts, args.eval_samples_per_prompt, args.eval_max_new_tokens
+        )
         bits = validation_bits_per_byte(model, tokenizer)
         points[str(alpha)] = {**verse.as_dict(), "validation_bits_per_byte": bits}
         print(f"{alpha}: {verse.scan_share:.1%} scan, {verse.distinct_share:.1%} distinct, {bits:.4f} bits/byte")
@@ -137,27 +139,31 @@ def interpolate(record: dict, alphas: list[float], args) -> dict:
 
 
 def plot(results: dict, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    base = next((record["before"] for record in results.values() if record.get("method") in ("grpo", "dpo")), None)
+    """Lines that scan against validation bits per byte: each GRPO/DPO run (the defaults large, other runs small) and
+    the weight interpolations measured from it (dashed, from the run to the base model)."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    runs = {name: record for name, record in results.items() if record.get("method") in ("grpo", "dpo")}
+    base = next((record["before"] for record in runs.values()), None)
     if base:
-        ax.scatter([base["validation_bits_per_byte"]], [100 * base["scan_share"]], c="black", marker="*", s=120,
-                   label="base model", zorder=3)  # fmt: skip
-    for name, record in sorted(results.items()):
-        after = record["after"]
-        if record.get("method") not in ("grpo", "dpo"):
-            continue
-        ax.scatter([after["validation_bits_per_byte"]], [100 * after["scan_share"]], label=name, zorder=2)
+        ax.scatter([base["validation_bits_per_byte"]], [100 * base["scan_share"]], c="black", marker="*", s=150,
+                   label="base model (make demo)", zorder=3)  # fmt: skip
+        ax.axvline(base["validation_bits_per_byte"] + 0.05, color="grey", linestyle=":", label="base + 0.05 bits/byte")
+    colors = {"grpo": "tab:blue", "dpo": "tab:orange"}
+    for name, record in sorted(runs.items()):
+        after, color, default = record["after"], colors[record["method"]], not name.startswith("sweep-")
+        x, y = after["validation_bits_per_byte"], 100 * after["scan_share"]
+        ax.scatter([x], [y], color=color, s=110 if default else 25, edgecolors="black" if default else "none",
+                   label=f"{record['method']} (defaults)" if default else None, zorder=2)  # fmt: skip
+        if not default:
+            ax.annotate(name.removeprefix("sweep-"), (x, y), fontsize=6, xytext=(3, 2), textcoords="offset points")
         curve = sorted(record.get("interpolation", {}).items(), key=lambda item: float(item[0]))
-        if curve:
-            xs = [point["validation_bits_per_byte"] for _, point in curve] + [after["validation_bits_per_byte"]]
-            ys = [100 * point["scan_share"] for _, point in curve] + [100 * after["scan_share"]]
-            ax.plot(xs, ys, "--", alpha=0.5, color=ax.collections[-1].get_facecolor()[0])
-    if base:
-        limit = base["validation_bits_per_byte"] + 0.05
-        ax.axvline(limit, color="grey", linestyle=":", label="base + 0.05 bits/byte")
-    ax.set_xlabel("validation bits per byte (whole validation plays; lower is better)")
+        if curve and base:
+            xs = [base["validation_bits_per_byte"], *(p["validation_bits_per_byte"] for _, p in curve), x]
+            ys = [100 * base["scan_share"], *(100 * p["scan_share"] for _, p in curve), y]
+            ax.plot(xs, ys, "--", color=color, alpha=0.5, marker=".")
+    ax.set_xlabel("validation bits per byte (the 4 validation plays, whole text; lower is better)")
     ax.set_ylabel("sampled lines that scan (%)")
-    ax.set_title("Post-training the make demo model: scansion against forgetting")
+    ax.set_title("Post-training the make demo model: lines that scan against forgetting")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -176,6 +182,7 @@ def main() -> None:
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.25, 0.5, 0.75])
     parser.add_argument("--eval_prompts", type=int, default=16)
     parser.add_argument("--eval_samples_per_prompt", type=int, default=16)
+    parser.add_argument("--eval_max_new_tokens", type=int, default=64)
     parser.add_argument("--lm_baseline", help="NAME of a recorded distill run: train its student without the teacher")
     parser.add_argument("--plot", action="store_true", help="only redraw the plot")
     args = parser.parse_args()

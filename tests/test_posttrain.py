@@ -151,8 +151,12 @@ def test_own_pairs_keep_only_prompts_whose_samples_differ_in_reward(tiny_pretrai
     tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
     flat = own_pairs(model, tokenizer, ["ROMEO:\n"], 4, lambda completions, **kw: [0.0] * len(completions), 0, 8)
     assert flat == []  # no preference without a difference
-    ranked = own_pairs(model, tokenizer, ["ROMEO:\n"], 4, lambda completions, **kw: [len(c) for c in completions], 0, 8)
+    lengths = lambda completions, **kw: [len(c) for c in completions]  # noqa: E731
+    ranked = own_pairs(model, tokenizer, ["ROMEO:\n"], 4, lengths, 0, 8)
     assert len(ranked) == 1 and len(ranked[0]["chosen"]) > len(ranked[0]["rejected"])
+    spread = len(ranked[0]["chosen"]) - len(ranked[0]["rejected"])
+    assert own_pairs(model, tokenizer, ["ROMEO:\n"], 4, lengths, 0, 8, margin=spread) == ranked
+    assert own_pairs(model, tokenizer, ["ROMEO:\n"], 4, lengths, 0, 8, margin=spread + 1) == []
 
 
 def test_read_pairs_names_the_row_without_a_field(tmp_path):

@@ -107,3 +107,30 @@ def test_shakespeare_chat(tmp_path, tiny_pretrained):
         "--data_dir", tmp_path / "data", "--max_steps", "2", "--port", free_port(),
     )  # fmt: skip
     assert "assistant-turn loss on held-out plays" in printed and printed.count("[assistant]") == 3
+
+
+def test_post_training_records_runs_interpolates_and_plots(tmp_path, tiny_pretrained):
+    pytest.importorskip("trl")
+    small = "--max_steps 1 --num_prompts 4 --eval_prompts 1 --eval_samples_per_prompt 2 --eval_max_new_tokens 8"
+    grpo = f"tiny:--method grpo {small} --per_device_train_batch_size 2 --num_generations 2 --max_completion_length 8"
+    common = [
+        "--results",
+        tmp_path / "post.json",
+        "--plot_path",
+        tmp_path / "frontier.png",
+        "--runs_dir",
+        tmp_path / "runs",
+        "--eval_prompts",
+        "1",
+        "--eval_samples_per_prompt",
+        "2",
+        "--eval_max_new_tokens",
+        "8",
+    ]
+    printed = run_script("benchmarks/post_training.py", grpo, "--base", tiny_pretrained, *common)
+    assert "tiny:" in printed
+    run_script("benchmarks/post_training.py", "--interpolate", "tiny", "--alphas", "0.5", *common)
+    record = json.loads((tmp_path / "post.json").read_text())["tiny"]
+    assert record["steps"] == 1 and record["machine"]["trl"] and record["process_seconds"] > 0
+    assert 0 <= record["interpolation"]["0.5"]["scan_share"] <= 1
+    assert (tmp_path / "frontier.png").stat().st_size > 1000

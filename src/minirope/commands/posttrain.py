@@ -119,10 +119,11 @@ def own_preference_pairs(setup: Setup, args, config) -> Dataset:
 
     prompts = post.training_prompts(args.num_prompts, config.seed)
     pairs = post.own_pairs(setup.model, setup.tokenizer, prompts, args.samples_per_prompt, setup.rewards[0],
-                           config.seed, args.eval_max_new_tokens)  # fmt: skip
+                           config.seed, args.eval_max_new_tokens, args.min_reward_margin)  # fmt: skip
     if not pairs:
-        raise ValueError("no preference pairs: every sample of each prompt got the same reward; raise "
-                         "--samples_per_prompt or --num_prompts, or give --train_file.")  # fmt: skip
+        raise ValueError(f"no preference pairs: no prompt's samples differ in reward by --min_reward_margin "
+                         f"{args.min_reward_margin} or more; lower it, raise --samples_per_prompt or --num_prompts, or "
+                         f"give --train_file.")  # fmt: skip
     path = Path(config.output_dir) / post.PAIRS_FILE
     post.write_jsonl(path, pairs)
     print(f"[minirope] {len(pairs)} preference pairs from the model's own samples: {path}")

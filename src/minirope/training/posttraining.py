@@ -58,8 +58,16 @@ class PosttrainArguments:
             "from the model's own samples). grpo/distill: a file of {prompt} rows (default: the training plays)."
         },
     )
-    num_prompts: int = field(default=1024, metadata={"help": "Prompts drawn from the training plays."})
+    num_prompts: int = field(default=4096, metadata={"help": "Prompts drawn from the training plays."})
     samples_per_prompt: int = field(default=8, metadata={"help": "dpo: samples of each prompt ranked for a pair."})
+    min_reward_margin: float = field(
+        default=0.5,
+        metadata={
+            "help": "dpo's own pairs: keep a prompt's best and worst samples as a pair only when their rewards differ "
+            "by at least this (with scansion_reward, 0.5 keeps a chosen with two of three lines that scan against a "
+            "rejected with none)."
+        },
+    )
     lm_coef: float | None = field(
         default=None,
         metadata={
@@ -129,10 +137,12 @@ class PosttrainGRPOConfig(GRPOConfig):
 @dataclass
 class PosttrainDPOConfig(DPOConfig):
     output_dir: str = "runs/minirope-dpo"
-    learning_rate: float = 5e-5
+    learning_rate: float = 1e-4
     beta: float = 0.1
+    # DPO's loss plus the chosen completions' negative log-likelihood (RPO, Pang et al. 2024), summed.
+    loss_type: list[str] = field(default_factory=lambda: ["sigmoid", "sft"])
     per_device_train_batch_size: int = 8
-    num_train_epochs: float = 1.0
+    num_train_epochs: float = 2.0
     max_length: int | None = 128
     bf16: bool | None = _COMMON["bf16"]
     save_strategy: str = _COMMON["save_strategy"]
@@ -143,7 +153,8 @@ class PosttrainDPOConfig(DPOConfig):
 @dataclass
 class PosttrainDistillationConfig(DistillationConfig):
     output_dir: str = "runs/minirope-distill"
-    learning_rate: float = 1e-4
+    learning_rate: float = 5e-4
+    beta: float = 0.0  # forward KL: the teacher's whole distribution at every sampled position
     per_device_train_batch_size: int = 16
     max_completion_length: int | None = 64
     temperature: float = 1.0
@@ -242,17 +253,17 @@ def read_prompts(path: str) -> list[str]:
 
 
 def own_pairs(
-    model, tokenizer, prompts: list[str], per_prompt: int, reward, seed: int, max_new_tokens: int
+    model, tokenizer, prompts: list[str], per_prompt: int, reward, seed: int, max_new_tokens: int, margin: float = 0.0
 ) -> list[dict]:
     """Preference pairs from the model's own samples: for each prompt, `per_prompt` completions of `max_new_tokens`
     sampled (`minirope.training.verse.SAMPLING`) and ranked by `reward`; the best is chosen and the worst rejected,
-    where the best scores higher."""
+    where the best scores higher, by at least `margin`."""
     pairs = []
     samples = sample_completions(model, tokenizer, prompts, per_prompt, max_new_tokens, seed)
     for prompt, completions in zip(prompts, samples, strict=True):
         scores = reward(completions=completions, prompts=[prompt] * len(completions))
         best, worst = max(range(len(scores)), key=scores.__getitem__), min(range(len(scores)), key=scores.__getitem__)
-        if scores[best] > scores[worst]:
+        if scores[best] > scores[worst] and scores[best] - scores[worst] >= margin:
             pairs.append({"prompt": prompt, "chosen": completions[best], "rejected": completions[worst]})
     return pairs
 
