@@ -59,6 +59,7 @@ NOT_RUN = {
     "torchrun": "tests/test_distributed.py runs torchrun and accelerate launch with 2 CPU processes",
     "accelerate launch": "tests/test_distributed.py (the GPU configs need GPUs)",
     "lm_eval": "tests/test_lm_eval.py runs the lm_eval CLI on a trained folder",
+    "trl grpo": "tests/test_posttrain.py runs TRL's grpo command with minirope's reward on a trained folder",
 }
 SCRIPTS = ("python benchmarks/", "python examples/")
 
