@@ -63,7 +63,7 @@ def validation_bits_per_byte(model, tokenizer) -> float:
     (`minirope.training.metrics`), as `minirope-pretrain` reports it. Writes nothing."""
     windows = validation_windows(bundled_shards("validation"), tokenizer, model.config.max_position_embeddings)
     with tempfile.TemporaryDirectory() as scratch:
-        args = TrainingArguments(output_dir=scratch, per_device_eval_batch_size=16, report_to="none")
+        args = TrainingArguments(output_dir=scratch, per_device_eval_batch_size=32, report_to="none")
         trainer = MiniRopeTrainer(model=model, args=args, processing_class=tokenizer, eval_dataset=windows)
         return trainer.evaluate()[METRIC]
 
