@@ -103,14 +103,21 @@ class PosttrainArguments:
             raise ValueError(f"--weight_interpolation must be in (0, 1], got {self.weight_interpolation}.")
 
 
-# The methods' TRL configs with defaults for the bundled corpus on a CPU: float32 (TRL defaults to bf16, emulated
-# and slow on CPUs without AVX512_BF16), no checkpoints; learning rates and KL weights as
-# measured in docs/post_training.md.
-_COMMON = dict(bf16=False, save_strategy="no", logging_steps=10, gradient_checkpointing=False)
-
-
 @dataclass
-class PosttrainGRPOConfig(GRPOConfig):
+class CpuDefaults:
+    """Defaults every method's TRL config takes here: float32 (TRL defaults to bf16, emulated and slow on CPUs without
+    AVX512_BF16; `--bf16 True` where it is fast), no checkpoints (runs of minutes), a log line every 10 steps, and no
+    activation checkpointing (TRL's default; a model this small has nothing to save)."""
+
+    bf16: bool | None = False
+    save_strategy: str = "no"
+    logging_steps: float = 10
+    gradient_checkpointing: bool = False
+
+
+# The methods' configs: learning rates, KL weights, steps and losses as measured in docs/post_training.md.
+@dataclass
+class PosttrainGRPOConfig(CpuDefaults, GRPOConfig):
     output_dir: str = "runs/minirope-grpo"
     learning_rate: float = 2e-4
     beta: float = 0.04
@@ -120,10 +127,6 @@ class PosttrainGRPOConfig(GRPOConfig):
     temperature: float = 0.8
     top_k: int = 50
     max_steps: int = 1000
-    bf16: bool | None = _COMMON["bf16"]
-    save_strategy: str = _COMMON["save_strategy"]
-    logging_steps: float = _COMMON["logging_steps"]
-    gradient_checkpointing: bool = _COMMON["gradient_checkpointing"]
 
     def __post_init__(self) -> None:
         if self.num_generations is not None and self.num_generations < 2:
@@ -135,7 +138,7 @@ class PosttrainGRPOConfig(GRPOConfig):
 
 
 @dataclass
-class PosttrainDPOConfig(DPOConfig):
+class PosttrainDPOConfig(CpuDefaults, DPOConfig):
     output_dir: str = "runs/minirope-dpo"
     learning_rate: float = 1e-4
     beta: float = 0.1
@@ -144,14 +147,10 @@ class PosttrainDPOConfig(DPOConfig):
     per_device_train_batch_size: int = 8
     num_train_epochs: float = 2.0
     max_length: int | None = 128
-    bf16: bool | None = _COMMON["bf16"]
-    save_strategy: str = _COMMON["save_strategy"]
-    logging_steps: float = _COMMON["logging_steps"]
-    gradient_checkpointing: bool = _COMMON["gradient_checkpointing"]
 
 
 @dataclass
-class PosttrainDistillationConfig(DistillationConfig):
+class PosttrainDistillationConfig(CpuDefaults, DistillationConfig):
     output_dir: str = "runs/minirope-distill"
     learning_rate: float = 5e-4
     beta: float = 0.0  # forward KL: the teacher's whole distribution at every sampled position
@@ -159,10 +158,6 @@ class PosttrainDistillationConfig(DistillationConfig):
     max_completion_length: int | None = 64
     temperature: float = 1.0
     max_steps: int = 200
-    bf16: bool | None = _COMMON["bf16"]
-    save_strategy: str = _COMMON["save_strategy"]
-    logging_steps: float = _COMMON["logging_steps"]
-    gradient_checkpointing: bool = _COMMON["gradient_checkpointing"]
 
 
 CONFIGS = {"grpo": PosttrainGRPOConfig, "dpo": PosttrainDPOConfig, "distill": PosttrainDistillationConfig}
