@@ -127,9 +127,18 @@ def test_post_training_records_runs_interpolates_and_plots(tmp_path, tiny_pretra
         "--eval_max_new_tokens",
         "8",
     ]
-    printed = run_script("benchmarks/post_training.py", grpo, "--base", tiny_pretrained, *common)
-    assert "tiny:" in printed
-    run_script("benchmarks/post_training.py", "--interpolate", "tiny", "--alphas", "0.5", *common)
+    printed = run_script(
+        "benchmarks/post_training.py",
+        grpo,
+        "--base",
+        tiny_pretrained,
+        "--interpolate",
+        "tiny",
+        "--alphas",
+        "0.5",
+        *common,
+    )
+    assert "tiny:" in printed and "0.5:" in printed
     record = json.loads((tmp_path / "post.json").read_text())["tiny"]
     assert record["steps"] == 1 and record["machine"]["trl"] and record["process_seconds"] > 0
     assert 0 <= record["interpolation"]["0.5"]["scan_share"] <= 1
