@@ -43,3 +43,17 @@ def test_generate_does_not_rebuild_the_forward_signature_at_every_token(monkeypa
     model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
     assert model.is_remote_code()
     assert sum(getattr(f, "__name__", "") == "forward" for f in built) < 5  # 20 or more without the cache
+
+
+def test_minirope_generate_says_once_when_the_text_reaches_past_the_trained_context(tiny_pretrained, capsys):
+    """A prompt and new tokens past `max_position_embeddings` (32 for the tiny model) get one notice on stderr, with
+    the trained length and `minirope-extend`; text that fits gets none (issue 46)."""
+    from minirope.commands import generate
+
+    base = ["--model", str(tiny_pretrained), "--measured_products", "False", "--do_sample", "False"]
+    generate.run([*base, "--prompt", "ROMEO:", "--max_new_tokens", "4"])
+    assert "[minirope] the prompt" not in capsys.readouterr().err
+    generate.run([*base, "--prompt", "ROMEO: " * 20, "--max_new_tokens", "4"])
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[minirope] the prompt")]
+    assert len(notices) == 1 and "past the 32 this model was trained on" in notices[0]
+    assert "minirope-extend" in notices[0]

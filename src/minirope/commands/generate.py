@@ -67,6 +67,20 @@ def measured_products(model) -> None:
           f"{len(prompt)} of {total} linear layers (--measured_products False: none)", file=sys.stderr)  # fmt: skip
 
 
+def context_notice(config, prompt_tokens: int, max_new_tokens: int) -> str | None:
+    """One line for stderr when the prompt and the new tokens reach past the positions the model was trained on
+    (`max_position_embeddings`; a `dynamic` RoPE model rescales itself past it, and says nothing), else None."""
+    trained, total = config.max_position_embeddings, prompt_tokens + max_new_tokens
+    if total <= trained or (config.rope_parameters or {}).get("rope_type") == "dynamic":
+        return None
+    return (
+        f"[minirope] the prompt ({prompt_tokens} tokens) and --max_new_tokens {max_new_tokens} reach {total} "
+        f"positions, past the {trained} this model was trained on: RoPE gives positions past {trained} angles it "
+        f"never saw, and the text there usually degrades; minirope-extend stretches the context (RoPE scaling and a "
+        f"short fine-tune)."
+    )
+
+
 def run(argv: list[str] | None = None) -> None:
     """Parse `argv`, load the model and tokenizer, and stream a continuation of the prompt to stdout.
 
@@ -80,6 +94,9 @@ def run(argv: list[str] | None = None) -> None:
         measured_products(model)
     set_seed(args.seed)
     inputs = tokenizer(args.prompt, return_tensors="pt").to(model.device)
+    notice = context_notice(model.config, inputs["input_ids"].shape[1], args.max_new_tokens)
+    if notice:
+        print(notice, file=sys.stderr)
     streamer = TextStreamer(tokenizer, skip_special_tokens=True)
     with torch.no_grad():
         model.eval().generate(**inputs, streamer=streamer, **args.generation_kwargs())
