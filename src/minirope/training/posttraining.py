@@ -211,40 +211,32 @@ def check_rewards(rewards: list, completions: list[str]) -> None:
             )
 
 
-def read_pairs(path: str) -> Dataset:
-    """A preference file's `{prompt, chosen, rejected}` rows (TRL's standard preference format).
+def text_rows(path: str, fields: tuple[str, ...], form: str) -> list[dict]:
+    """The `fields` of every record of a `.jsonl`/`.json`/`.parquet` file, each a text; `form` names the format in
+    the errors.
 
     Raises:
-        ValueError, OSError: an unreadable file, no rows, or a row without one of the fields (naming it).
+        ValueError, OSError: an unreadable file, no rows, or a row without one of the texts (naming its place).
     """
     rows = []
     for where, row in records(path):
-        missing = [name for name in PAIR_FIELDS if not isinstance(row, dict) or not isinstance(row.get(name), str)]
+        missing = [name for name in fields if not isinstance(row, dict) or not isinstance(row.get(name), str)]
         if missing:
-            raise ValueError(
-                f"{where} has no {missing[0]!r} text: each preference pair needs prompt, chosen and rejected texts "
-                f"(TRL's preference format)."
-            )
-        rows.append(row)
+            raise ValueError(f"{where} has no {missing[0]!r} text: give {{{', '.join(fields)}}} rows ({form}).")
+        rows.append({name: row[name] for name in fields})
     if not rows:
-        raise ValueError(f"--train_file {path} holds no preference pairs: write {{prompt, chosen, rejected}} rows.")
-    return Dataset.from_list([{name: row[name] for name in PAIR_FIELDS} for row in rows])
+        raise ValueError(f"--train_file {path} holds no rows: write {{{', '.join(fields)}}} rows ({form}).")
+    return rows
+
+
+def read_pairs(path: str) -> Dataset:
+    """A preference file's `{prompt, chosen, rejected}` rows (TRL's standard preference format; see `text_rows`)."""
+    return Dataset.from_list(text_rows(path, PAIR_FIELDS, "TRL's preference format"))
 
 
 def read_prompts(path: str) -> list[str]:
-    """A file's `prompt` texts.
-
-    Raises:
-        ValueError, OSError: an unreadable file, no rows, or a row without a prompt text.
-    """
-    prompts = []
-    for where, row in records(path):
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise ValueError(f"{where} has no 'prompt' text: give {{prompt}} rows (TRL's prompt-only format).")
-        prompts.append(row["prompt"])
-    if not prompts:
-        raise ValueError(f"--train_file {path} holds no prompts: write {{prompt}} rows.")
-    return prompts
+    """A file's `prompt` texts (TRL's prompt-only format; see `text_rows`)."""
+    return [row["prompt"] for row in text_rows(path, ("prompt",), "TRL's prompt-only format")]
 
 
 def own_pairs(
