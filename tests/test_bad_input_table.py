@@ -331,8 +331,9 @@ CASES = [
     (GENERATE, [*G, "--max_new_tokens", "0"], "--max_new_tokens must be >= 1"),
     (GENERATE, ["--model", "{w}/none", "--prompt", "x"], "cannot load a model from '{w}/none': it does not exist"),
     (EXPORT, [*X, "--format", "bogus"], "--format 'bogus' is not one of llama, gguf, onnx"),
-    (EXPORT, [*X, "--format", "llama", "--outtype", "q4_k"], "--outtype q4_k applies to --format gguf only"),
-    (EXPORT, [*X, "--format", "gguf", "--outtype", "q4_k"], "--outtype 'q4_k' is not one of f32, f16, q8_0"),
+    (EXPORT, [*X, "--format", "llama", "--outtype", "q4_k"], "--outtype q4_k is not one of f32 for --format llama"),
+    (EXPORT, [*X, "--format", "gguf", "--outtype", "q4_k"], "--outtype q4_k is not one of f32, f16, q8_0, q4_0 for"),
+    (EXPORT, [*X, "--format", "onnx", "--max_cache_len", "64"], "--max_cache_len applies to --format executorch"),
     (
         EXPORT,
         ["--model", "{model}", "--output", "{model}", "--format", "gguf", "--overwrite", "True"],

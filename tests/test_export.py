@@ -1,5 +1,6 @@
 """`minirope-export`: each artifact checked by the client that reads it (transformers without remote code,
-onnxruntime, llama.cpp through llama-cpp-python), on a model trained here on the bundled plays."""
+onnxruntime, llama.cpp through llama-cpp-python, ExecuTorch's runtime and its LLM runner), on a model trained here
+on the bundled plays."""
 
 import json
 import shutil
@@ -16,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from minirope import MiniRopeForCausalLM
 from minirope.commands import pretrain
-from minirope.export import export_gguf, export_llama, export_onnx
+from minirope.export import export_executorch, export_gguf, export_llama, export_onnx
 from minirope.training.corpus import shakespeare_dataset
 
 pytestmark = pytest.mark.client
@@ -63,13 +64,14 @@ def test_llama_folder_loads_without_remote_code(client_model, tmp_path):
         torch.testing.assert_close(llama(ids).logits, ours(ids).logits, rtol=0, atol=1e-4)
 
 
-def test_onnx_matches_pytorch_for_several_lengths_and_a_padded_batch(client_model, tmp_path):
+def test_onnx_matches_pytorch_for_several_lengths_past_the_context_and_a_padded_batch(client_model, tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
     output = export_onnx(client_model, tmp_path / "onnx")
     session = onnxruntime.InferenceSession(str(output / "model.onnx"))
     model = MiniRopeForCausalLM.from_pretrained(client_model).eval()
     vocab = model.config.vocab_size
-    for batch, length in ((1, 1), (1, 7), (3, 33), (2, 64)):
+    past_context = 2 * model.config.max_position_embeddings + 5  # angles are computed in the graph: no limit
+    for batch, length in ((1, 1), (1, 7), (3, 33), (2, 64), (1, past_context)):
         ids = torch.randint(3, vocab, (batch, length), generator=torch.Generator().manual_seed(length))
         mask = torch.ones_like(ids)
         (logits,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
@@ -223,8 +225,8 @@ def test_llama_cpp_greedy_generation_is_token_identical(client_model, gguf_f32, 
     assert got[:decided] == want.sequences[0, len(prompt_ids) :].tolist()[:decided]
 
 
-@pytest.mark.parametrize(("outtype", "bound"), [("f16", 0.01), ("q8_0", 0.1)])
-def test_llama_cpp_runs_f16_and_q8_0(client_model, tmp_path, outtype, bound):
+@pytest.mark.parametrize(("outtype", "bound"), [("f16", 0.01), ("q8_0", 0.1), ("q4_0", 1.0)])
+def test_llama_cpp_runs_f16_q8_0_and_q4_0(client_model, tmp_path, outtype, bound):
     """Lower precision: last-position logits stay within `bound` of float32 (measured: see README)."""
     path = export_gguf(client_model, tmp_path / f"model-{outtype}.gguf", outtype)
     tokenizer = AutoTokenizer.from_pretrained(client_model)
@@ -286,3 +288,73 @@ def test_export_refuses_what_it_cannot_write(client_model, tmp_path):
     )  # fmt: skip
     assert result.returncode == 1 and "minirope-export: error:" in result.stderr
     assert not (tmp_path / "never").exists()
+
+
+@pytest.fixture(scope="module")
+def executorch_f32(client_model, tmp_path_factory):
+    pytest.importorskip("executorch")
+    return export_executorch(client_model, tmp_path_factory.mktemp("executorch") / "f32")
+
+
+def runner_text(folder, prompt: str, max_new_tokens: int) -> str:
+    """Greedy text from ExecuTorch's own LLM runner (C++ tokenizer, prefill, KV cache; temperature 0)."""
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    runner = TextLLMRunner(str(folder / "model.pte"), str(folder / "tokenizer.json"))
+    pieces = []
+    config = GenerationConfig(echo=False, max_new_tokens=max_new_tokens, temperature=0.0)
+    runner.generate(prompt, config, token_callback=pieces.append)
+    return "".join(pieces)
+
+
+@pytest.mark.parametrize("prompt", ["ROMEO:\n", "KING HENRY:\nOnce more unto the breach", "\n\nFirst Citizen:\n"])
+def test_executorch_runner_generates_generates_greedy_text(client_model, executorch_f32, prompt):
+    model = MiniRopeForCausalLM.from_pretrained(client_model).eval()
+    tokenizer = AutoTokenizer.from_pretrained(client_model)
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    want = model.generate(ids, max_new_tokens=40, min_new_tokens=40, do_sample=False)[0, ids.shape[1] :]
+    assert runner_text(executorch_f32, prompt, 40) == tokenizer.decode(want)
+
+
+def test_executorch_logits_match_pytorch_and_the_cache_end_is_refused(client_model, executorch_f32, capfd):
+    """ExecuTorch's runtime on the `.pte`: prefill and one cached step within 1e-4 of PyTorch; a position past the
+    static cache and a prompt longer than it are refused (the runtime and the runner each name the limit)."""
+    from executorch.runtime import Runtime
+
+    model = MiniRopeForCausalLM.from_pretrained(client_model).eval()
+    length = model.config.max_position_embeddings
+    assert json.loads((executorch_f32 / "config.json").read_text())["max_position_embeddings"] == length
+    forward = Runtime.get().load_program(executorch_f32 / "model.pte").load_method("forward")
+    ids = torch.tensor([AutoTokenizer.from_pretrained(client_model)(validation_text(400))["input_ids"][:20]])
+    prefill = forward.execute([ids[:, :19], torch.arange(19)])[0]
+    step = forward.execute([ids[:, 19:], torch.tensor([19])])[0]
+    with torch.no_grad():
+        want = model(ids).logits
+    torch.testing.assert_close(torch.cat([prefill, step], dim=1), want, rtol=0, atol=1e-4)
+    with pytest.raises(RuntimeError):
+        forward.execute([ids[:, :1], torch.tensor([length])])
+    assert f"Index {length} is out of bounds" in capfd.readouterr().err
+    with pytest.raises(RuntimeError, match="Generation failed"):
+        runner_text(executorch_f32, "ROMEO:\n" * length, 4)
+    assert f"max_context_len {length}, Max seq length exceeded" in capfd.readouterr().err
+
+
+def test_executorch_8da8w_is_smaller_and_stays_close(client_model, executorch_f32, tmp_path):
+    """int8 weights and dynamic int8 activations (torchao, XNNPACK): a smaller file whose last-position logits stay
+    near float32's, refused outtypes name the choices."""
+    from executorch.runtime import Runtime
+
+    quantized = export_executorch(client_model, tmp_path / "8da8w", outtype="8da8w", max_cache_len=48)
+    assert (quantized / "model.pte").stat().st_size < 0.75 * (executorch_f32 / "model.pte").stat().st_size
+    ids = torch.tensor([AutoTokenizer.from_pretrained(client_model)(validation_text(400))["input_ids"][:40]])
+    logits = (
+        Runtime.get().load_program(quantized / "model.pte").load_method("forward").execute([ids, torch.arange(40)])[0]
+    )
+    with torch.no_grad():
+        want = MiniRopeForCausalLM.from_pretrained(client_model).eval()(ids).logits
+    difference = (logits[0, -1] - want[0, -1]).abs().max().item()
+    print(f"8da8w: max |logit difference| at the last position = {difference:.4f}")
+    assert 0 < difference < 0.5
+    with pytest.raises(ValueError, match="not one of f32, 8da8w"):
+        export_executorch(client_model, tmp_path / "q4", outtype="q4_0")
+    assert not (tmp_path / "q4").exists()

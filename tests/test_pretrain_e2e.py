@@ -54,6 +54,13 @@ def test_writes_a_complete_hugging_face_folder(tiny_run):
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_minirope.MiniRopeForCausalLM"
     assert config["vocab_size"] == 320 and config["max_position_embeddings"] == 32
     assert config["use_cache"] is True  # the Trainer trains with use_cache=False; the published model decodes with one
+    # ... and its generation config says so: transformers' ExecuTorch integration needs only a static cache on top
+    assert json.loads((output_dir / "generation_config.json").read_text())["use_cache"] is True
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    model = MiniRopeForCausalLM.from_pretrained(output_dir)
+    model.generation_config.cache_implementation = "static"
+    TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=16)
     summary = json.loads((output_dir / "run_summary.json").read_text())
     assert summary["steps"] == 6
     # the compute budget: training seconds x the float32 matmul peak the run measured (issue 20)

@@ -9,17 +9,34 @@ declares), never from a version string.
 Shipped with `modeling_minirope.py` as remote code: imports only torch and transformers.
 """
 
+from collections.abc import Callable
+
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.utils.deprecation import deprecate_kwarg
 
 # The keyword transformers' own functions and output classes take for the cache: "cache" (5.24 and later) or
 # "past_key_values" (5.23).
 CACHE_NAME = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+# The release in which Llama's forwards stop taking `past_key_values` (their `deprecate_kwarg`, transformers 5.24).
+PAST_KEY_VALUES_REMOVED_IN = "5.40.0"
+
+
+def old_cache_name(forward: Callable) -> Callable:
+    """Decorate a forward that takes `cache` as Llama's forwards are: where transformers names the cache `cache`
+    (5.24 and later), transformers' own `deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")` (a
+    `FutureWarning` naming the class, then the cache passed on as `cache`; given both names, `cache` wins with a
+    warning); on 5.23, whose `generate()` passes `past_key_values` at every step, the forward unchanged and silent.
+    """
+    if CACHE_NAME == "cache":
+        return deprecate_kwarg("past_key_values", PAST_KEY_VALUES_REMOVED_IN, new_name="cache")(forward)
+    return forward
 
 
 def cache_argument(cache: Cache | None, kwargs: dict) -> Cache | None:
     """The cache a caller passed, as `cache` or as `past_key_values` (the name transformers 5.23's `generate()` and
-    older user code use); the old name is removed from `kwargs` so it travels no further.
+    older user code use; on 5.24 and later `old_cache_name` has already renamed it); the old name is removed from
+    `kwargs` so it travels no further.
 
     Raises:
         ValueError: both names given.

@@ -1,5 +1,5 @@
-"""A trained minirope folder as a plain Llama folder, a GGUF file for llama.cpp, or an ONNX model (the library behind
-`minirope-export`: `export_llama`, `export_gguf`, `export_onnx`).
+"""A trained minirope folder as a plain Llama folder, a GGUF file for llama.cpp, an ONNX model or an ExecuTorch program
+(the library behind `minirope-export`: `export_llama`, `export_gguf`, `export_onnx`, `export_executorch`).
 
 Each target is written next to its final path and moved there only once complete, so a failed export leaves
 nothing half-written; an existing output is replaced only with `--overwrite`.
@@ -14,6 +14,13 @@ nothing half-written; an existing output is replaced only with `--overwrite`.
 - **onnx**: `torch.onnx.export(..., dynamo=True)`, inputs `input_ids` and `attention_mask` `(batch, sequence)`
   int64 with both axes dynamic, output `logits` `(batch, sequence, vocab)` float32; positions are computed
   inside as `generate()` computes them (`cumsum(attention_mask) - 1`), so left-padded batches are right.
+- **executorch**: `model.pte` for ExecuTorch's runtime and its LLM runner (phones, edge boards), through transformers'
+  own `TorchExportableModuleForDecoderOnlyLM` (a `StaticCache` of `max_cache_len` positions, batch 1) and
+  ExecuTorch's `to_edge_transform_and_lower` with the XNNPACK backend; inputs `input_ids` `(1, T)` and
+  `cache_position` `(T,)` int64 (1 <= T < max_cache_len), output logits `(1, T, vocab)` float32, and the metadata
+  methods ExecuTorch's `TextLLMRunner` reads (`get_max_seq_len`, `get_bos_id`, `get_eos_ids`, `use_kv_cache`...).
+  Weights float32, or `8da8w` (torchao: int8 per-channel weights with int8 dynamic activations for every linear
+  layer, as ExecuTorch's own Llama export quantizes; the embedding stays float32).
 """
 
 import json
@@ -34,8 +41,9 @@ from minirope.folders import ModelArguments, load_causal_lm
 from minirope.modeling_minirope import MiniRopeForCausalLM
 from minirope.tokenizer_format import GENERATION_TAG, PRE_TOKENIZER_PATTERN
 
-FORMATS = ("llama", "gguf", "onnx")
-GGUF_OUTTYPES = ("f32", "f16", "q8_0")
+FORMATS = ("llama", "gguf", "onnx", "executorch")
+GGUF_OUTTYPES = ("f32", "f16", "q8_0", "q4_0")
+EXECUTORCH_OUTTYPES = ("f32", "8da8w")
 GGUF_ROPE_TYPES = ("default", "linear", "yarn", "llama3")  # what llama.cpp's `llama` architecture can express
 
 
@@ -169,13 +177,15 @@ def gguf_vocabulary(tokenizer: PreTrainedTokenizerBase, vocab_size: int, gguf) -
 
 
 def gguf_tensor(tensor: torch.Tensor, outtype: str, gguf) -> tuple[np.ndarray, object]:
-    """One tensor in the output type: 1-D tensors stay float32; q8_0 falls back to f16 where rows do not divide."""
+    """One tensor in the output type: 1-D tensors stay float32; q8_0 and q4_0 (blocks of 32 weights, one scale each:
+    llama.cpp's types) fall back to f16 where rows do not divide into blocks."""
     data = tensor.detach().float().numpy()
     if data.ndim == 1 or outtype == "f32":
         return data, gguf.GGMLQuantizationType.F32
-    if outtype == "q8_0":
+    if outtype in ("q8_0", "q4_0"):
+        kind = gguf.GGMLQuantizationType[outtype.upper()]
         try:
-            return gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+            return gguf.quants.quantize(data, kind), kind
         except gguf.QuantError:
             pass
     return data.astype(np.float16), gguf.GGMLQuantizationType.F16
@@ -207,6 +217,7 @@ def export_gguf(model_dir: str | Path, output: str | Path, outtype: str = "f32",
         "f32": gguf.LlamaFileType.ALL_F32,
         "f16": gguf.LlamaFileType.MOSTLY_F16,
         "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+        "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
     }[outtype]
     with staged(output, overwrite) as path:
         writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
@@ -299,6 +310,82 @@ def export_onnx(model_dir: str | Path, output: str | Path, overwrite: bool = Fal
                 verbose=False,
             )
         program.save(folder / "model.onnx")
+        model.config.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return output
+
+
+def quantize_8da8w(model: MiniRopeForCausalLM) -> None:
+    """In place, with torchao: every `nn.Linear` (`lm_head` too) to int8 per-output-channel weights with int8
+    dynamic per-token activations, the form XNNPACK runs (ExecuTorch's Llama recipe's `8da8w`). The embedding stays
+    float32: XNNPACK does not lower torchao's quantized embedding (`dequantize_affine` has no ExecuTorch kernel)."""
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+    from torchao.quantization.granularity import PerAxis
+
+    quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0)))
+
+
+def export_executorch(
+    model_dir: str | Path,
+    output: str | Path,
+    outtype: str = "f32",
+    max_cache_len: int | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write a folder with `model.pte` (XNNPACK) and the tokenizer files, for ExecuTorch's runtime; returns it.
+
+    Args:
+        model_dir: a minirope folder.
+        output: the folder to write.
+        outtype: `f32` or `8da8w` (see the module docstring).
+        max_cache_len: positions in the static KV cache, prompt and generated tokens together (default: the
+            trained context, `max_position_embeddings`); ExecuTorch's runner stops generating there.
+
+    Raises:
+        ValueError: an unknown `outtype`, or `max_cache_len` < 2.
+        ImportError: `executorch` is not installed (`pip install "minirope[executorch]"`).
+    """
+    if outtype not in EXECUTORCH_OUTTYPES:
+        raise ValueError(f"--outtype {outtype!r} is not one of {', '.join(EXECUTORCH_OUTTYPES)} for ExecuTorch.")
+    try:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.exir import to_edge_transform_and_lower
+    except ImportError as error:
+        raise ImportError(f'{error}: install ExecuTorch with pip install "minirope[executorch]".') from None
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    model, tokenizer = load(model_dir)
+    length = max_cache_len or model.config.max_position_embeddings
+    if length < 2:
+        raise ValueError(f"--max_cache_len {length} leaves no room to generate: give at least 2 positions.")
+    model.requires_grad_(False)
+    if outtype == "8da8w":
+        quantize_8da8w(model)
+    model.generation_config.use_cache = True
+    model.generation_config.cache_implementation = "static"
+    module = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=length)
+    tokens = torch.export.Dim("tokens", max=length - 1)
+    with torch.no_grad():  # strict (TorchDynamo) capture: to_edge refuses the non-strict one's graph on torch 2.13
+        program = module.export(
+            input_ids=torch.tensor([[tokenizer.bos_token_id, 3, 4]]),
+            cache_position=torch.arange(3),
+            dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}},
+            strict=True,
+        )
+    metadata = {
+        "get_max_seq_len": length,
+        "get_max_context_len": length,
+        "get_vocab_size": model.config.vocab_size,
+        "get_bos_id": tokenizer.bos_token_id,
+        "get_eos_ids": [tokenizer.eos_token_id],
+        "use_kv_cache": True,
+        "enable_dynamic_shape": True,
+    }
+    lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()], constant_methods=metadata)
+    output = Path(output)
+    with staged(output, overwrite) as folder:
+        folder.mkdir()
+        (folder / "model.pte").write_bytes(lowered.to_executorch().buffer)
         model.config.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
     return output

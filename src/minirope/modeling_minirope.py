@@ -36,7 +36,7 @@ from transformers.utils import TransformersKwargs
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
-from .compat_minirope import cache_argument, cache_keyword, cache_of
+from .compat_minirope import cache_argument, cache_keyword, cache_of, old_cache_name
 from .configuration_minirope import MiniRopeConfig
 from .kernels_minirope import embed_token_ids, fused_causal_lm_loss
 from .loading_minirope import MiniRopeLoadingMixin
@@ -124,6 +124,7 @@ class MiniRopeAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, kv_out, bias=config.attention_bias)
         self.o_proj = nn.Linear(q_out, config.hidden_size, bias=config.attention_bias)
 
+    @old_cache_name
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -187,6 +188,7 @@ class MiniRopeDecoderLayer(GradientCheckpointingLayer):
         self.input_layernorm = MiniRopeRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = MiniRopeRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
+    @old_cache_name
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -252,6 +254,7 @@ class MiniRopeModel(MiniRopePreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    @old_cache_name
     @merge_with_config_defaults
     @capture_outputs
     def forward(
@@ -334,6 +337,7 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
+    @old_cache_name
     @can_return_tuple
     def forward(
         self,

@@ -36,7 +36,8 @@ class MiniRopeRotaryEmbedding(nn.Module):
     The tables cover `max_position_embeddings` positions at first; `MiniRopeModel` grows them from lengths known on the
     host (`grow`), and on CPU `forward` grows them for any later position. Inside a `torch.compile`d graph positions
     must stay below `cached_positions` (`reset_cache(n)` before compiling for longer contexts), except for `dynamic`
-    and `longrope`, which read the longest position as Llama's do.
+    and `longrope`, which read the longest position as Llama's do. Under `torch.export` (the ONNX and ExecuTorch
+    exports) the rows are computed from `position_ids` instead, so an exported graph has no length limit.
     """
 
     inv_freq: torch.Tensor
@@ -73,11 +74,16 @@ class MiniRopeRotaryEmbedding(nn.Module):
     def reset_cache(self, seq_len: int | None = None) -> None:
         """Compute the tables for positions `0 .. seq_len-1` (default: as many as now) from the current `inv_freq`."""
         positions = torch.arange(seq_len or self.cached_positions, device=self.inv_freq.device, dtype=torch.float32)
-        freqs = positions[:, None] * self.inv_freq.float()  # (seq_len, d/2): m * theta_i
-        emb = torch.cat((freqs, freqs), dim=-1)  # (seq_len, d): rotate_half pairs dim i with i + d/2
+        cos, sin = self.angles(positions)
         self.register_buffer("tables_inv_freq", self.inv_freq.clone(), persistent=False)
-        self.register_buffer("cos_cached", emb.cos() * self.attention_scaling, persistent=False)
-        self.register_buffer("sin_cached", emb.sin() * self.attention_scaling, persistent=False)
+        self.register_buffer("cos_cached", cos, persistent=False)
+        self.register_buffer("sin_cached", sin, persistent=False)
+
+    def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 `(cos, sin)` of `positions * cat(theta, theta)` times `attention_scaling`: `(..., d)` for `(...)`."""
+        freqs = positions[..., None].float() * self.inv_freq.float()  # (..., d/2): m * theta_i
+        emb = torch.cat((freqs, freqs), dim=-1)  # (..., d): rotate_half pairs dim i with i + d/2
+        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
 
     def grow(self, seq_len: int) -> None:
         """Cover positions `0 .. seq_len-1` (a host integer: nothing is read from the device), doubling as needed."""
@@ -88,6 +94,11 @@ class MiniRopeRotaryEmbedding(nn.Module):
     @dynamic_rope_update
     def forward(self, x: torch.Tensor, position_ids: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`(cos, sin)` rows of each token's position, each `(B, T, d)` in `x.dtype`; `position_ids` `(B, T)` int64."""
+        if torch.compiler.is_exporting() and self.rope_type not in LENGTH_DEPENDENT:
+            # An exported graph (ONNX, ExecuTorch) computes the rows from the positions, as Llama's forward does:
+            # the same float32 operations as the tables, and no length limit baked into the graph.
+            cos, sin = self.angles(position_ids)
+            return cos.to(x.dtype), sin.to(x.dtype)
         if self.rope_type in LENGTH_DEPENDENT:  # reads the longest position, as Llama's (a graph break when compiled)
             needed = int(position_ids.max()) + 1
             if not torch.equal(self.inv_freq, self.tables_inv_freq):  # `dynamic_rope_update` rescaled `inv_freq`

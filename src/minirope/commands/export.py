@@ -1,8 +1,10 @@
-"""`minirope-export`: a trained folder as a plain Llama folder, a GGUF file for llama.cpp, or an ONNX model.
+"""`minirope-export`: a trained folder as a plain Llama folder, a GGUF file for llama.cpp, an ONNX model, or an
+ExecuTorch program.
 
     minirope-export --model runs/minirope-shakespeare --format llama --output exports/llama
     minirope-export --model runs/minirope-shakespeare --format gguf --output exports/model.gguf --outtype q8_0
     minirope-export --model runs/minirope-shakespeare --format onnx --output exports/onnx
+    minirope-export --model runs/minirope-shakespeare --format executorch --output exports/executorch --outtype 8da8w
 
 Each target is written next to its final path and moved there only once complete (`minirope.export`), so a failed
 export leaves nothing half-written; an existing output is replaced only with `--overwrite`.
@@ -15,16 +17,34 @@ from pathlib import Path
 from transformers import HfArgumentParser
 
 from minirope.commands import run_cli
-from minirope.export import FORMATS, export_gguf, export_llama, export_onnx
+from minirope.export import (
+    EXECUTORCH_OUTTYPES,
+    FORMATS,
+    GGUF_OUTTYPES,
+    export_executorch,
+    export_gguf,
+    export_llama,
+    export_onnx,
+)
 from minirope.folders import check_output
 
 
 @dataclass
 class ExportArguments:
     model: str = field(metadata={"help": "A folder written by minirope (save_pretrained, with its tokenizer)."})
-    format: str = field(metadata={"help": f"{', '.join(FORMATS)}: a plain Llama folder, one GGUF file, or a folder."})
-    output: str = field(metadata={"help": "Where to write: a folder (llama, onnx) or a .gguf file."})
-    outtype: str = field(default="f32", metadata={"help": "GGUF weight type: f32, f16 or q8_0 (norms stay f32)."})
+    format: str = field(metadata={"help": f"{', '.join(FORMATS)}: one GGUF file, or a folder for the others."})
+    output: str = field(metadata={"help": "Where to write: a folder (llama, onnx, executorch) or a .gguf file."})
+    outtype: str = field(
+        default="f32",
+        metadata={
+            "help": f"Weight type. gguf: {', '.join(GGUF_OUTTYPES)} (norms stay f32); executorch: "
+            f"{', '.join(EXECUTORCH_OUTTYPES)} (int8 weights, int8 dynamic activations)."
+        },
+    )
+    max_cache_len: int | None = field(
+        default=None,
+        metadata={"help": "executorch: positions in the static KV cache (default: the trained context)."},
+    )
     overwrite: bool = field(default=False, metadata={"help": "Replace an existing output."})
 
 
@@ -39,11 +59,16 @@ def run(argv: list[str] | None = None) -> Path:
     (args,) = HfArgumentParser(ExportArguments).parse_args_into_dataclasses(args=argv)
     if args.format not in FORMATS:
         raise ValueError(f"--format {args.format!r} is not one of {', '.join(FORMATS)}.")
-    if args.format != "gguf" and args.outtype != "f32":
-        raise ValueError(f"--outtype {args.outtype} applies to --format gguf only: drop it for {args.format}.")
+    outtypes = {"gguf": GGUF_OUTTYPES, "executorch": EXECUTORCH_OUTTYPES}.get(args.format, ("f32",))
+    if args.outtype not in outtypes:
+        raise ValueError(f"--outtype {args.outtype} is not one of {', '.join(outtypes)} for --format {args.format}.")
+    if args.max_cache_len is not None and args.format != "executorch":
+        raise ValueError(f"--max_cache_len applies to --format executorch only: drop it for {args.format}.")
     check_output(args.output, "--output", {"--model": args.model}, folder=args.format != "gguf")
     if args.format == "gguf":
         path = export_gguf(args.model, args.output, args.outtype, args.overwrite)
+    elif args.format == "executorch":
+        path = export_executorch(args.model, args.output, args.outtype, args.max_cache_len, args.overwrite)
     elif args.format == "onnx":
         path = export_onnx(args.model, args.output, args.overwrite)
     else:

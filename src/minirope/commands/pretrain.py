@@ -255,6 +255,7 @@ def new_model(config: MiniRopeConfig, training_args: PretrainingArguments) -> Mi
         do_sample=True,
         temperature=0.8,
         top_k=50,
+        use_cache=True,
     )
     return model
 

@@ -222,8 +222,11 @@ def finish_run(
     staging = output_dir / ".staging"
     if trainer.is_world_process_zero():
         staging_dir(output_dir)
-    # The Trainer sets `use_cache` to `--use_cache` (False) for training; the published model decodes with a cache.
+    # The Trainer sets `use_cache` to `--use_cache` (False) for training; the published model decodes with a cache,
+    # and says so in its generation config too (transformers' ExecuTorch integration refuses a model without it).
     trainer.model.config.use_cache = True
+    if trainer.model.generation_config is not None:
+        trainer.model.generation_config.use_cache = True
     trainer.save_model(str(staging))
     if trainer.is_world_process_zero():
         write_json(staging / "train_results.json", train_metrics)
