@@ -69,6 +69,9 @@ def world(tiny_pretrained, tmp_path_factory) -> Path:
         (root / name).write_text(text, encoding="utf-8")
     (root / "latin1.txt").write_bytes(PLAY.encode() + "caf\u00e9\n".encode("latin-1"))
     (root / "folder").mkdir()
+    (root / "notes").mkdir()  # a user's own folder: not a run
+    for name in ("ideas.md", "draft.txt", "todo.txt", "plot.png"):
+        (root / "notes" / name).write_text("mine\n")
     return root
 
 
@@ -168,6 +171,7 @@ CASES = [
     (PRETRAIN, [*P, "--optim", "adafactor"], "--optim adafactor does not combine with --optim_hidden muon"),
     (PRETRAIN, [*P, "--lr_scheduler_type", "bogus"], "bogus"),
     (PRETRAIN, [*P, "--lr_decay_ratio", "2"], "--lr_decay_ratio must be in [0, 1]"),
+    (PRETRAIN, [*TINY_RUN, "--output_dir", "{w}/notes"], "--output_dir {w}/notes holds files that are not a"),
     (PRETRAIN, [*P, *T], "Give both --train_file and --validation_file"),
     (PRETRAIN, [*P, "--train_file", "{w}/folder", *V], "folder is a directory"),
     (PRETRAIN, [*P, "--train_file", "{w}/missing.txt", *V], "missing.txt does not exist"),
@@ -273,6 +277,11 @@ CASES = [
     (FINETUNE, ["--model_name_or_path", "{model}", "--output_dir", "{model}/tuned", *PLAY_DATA], "is inside"),
     (FINETUNE, ["--model_name_or_path", "{model}", "--output_dir", "{w}", *PLAY_DATA], "--output_dir {w} holds"),
     (FINETUNE, [*F, "--play", "hamlett"], "--play 'hamlett' is not in the corpus"),
+    (
+        FINETUNE,
+        ["--model_name_or_path", "{model}", "--output_dir", "{w}/notes", *PLAY_DATA],
+        "minirope run (draft.txt, ideas.md, plot.png and 1 more): choose a new or empty --output_dir",
+    ),
     (FINETUNE, F, "No data: give --play NAME"),
     (FINETUNE, [*F, "--train_file", "{w}/chat-role.jsonl", *VC], "{w}/chat-role.jsonl line 2: unknown role 'tool'"),
     (FINETUNE, [*F, "--train_file", "{w}/chat-empty.jsonl", *VC], "{w}/chat-empty.jsonl line 2: 'messages' must be"),
@@ -386,6 +395,7 @@ CASES = [
         "the teacher's tokenizer (320 tokens) is not the student's",
     ),
     (POSTTRAIN, [*GRPO, "--output_dir", "{model}"], "--output_dir {model} is --model_name_or_path"),
+    (POSTTRAIN, [*DPO, "--output_dir", "{w}/notes"], "or pass --overwrite_output_dir to write the run among them"),
 ]
 
 

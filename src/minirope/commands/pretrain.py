@@ -37,6 +37,7 @@ from minirope.training.data import (
     validation_windows,
 )
 from minirope.training.output import (
+    check_not_foreign,
     check_previous_run,
     finish_run,
     model_card,
@@ -271,6 +272,7 @@ def check_flags(data_args: DataArguments, training_args: PretrainingArguments, s
     if data_args.streaming:
         check_stream_workers(training_args.dataloader_num_workers)
     check_output(start.output_dir, "--output_dir", {"--tokenizer_name_or_path": data_args.tokenizer_name_or_path})
+    check_not_foreign(start.output_dir, training_args.overwrite_output_dir)  # before the tokenizer is trained
 
 
 def sample(model, tokenizer, prompt: str, max_new_tokens: int, seed: int) -> str:

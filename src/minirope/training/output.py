@@ -19,6 +19,30 @@ from transformers import PreTrainedConfig, TrainingArguments
 from minirope.configuration_minirope import ARCHITECTURE_FIELDS
 
 MARKERS = ("adapter_config.json", "config.json")  # moved last: their presence means "complete"
+# What a minirope run leaves in its folder however early it stopped (the posttrain pairs are written before
+# training; `checkpoint-N` folders too): a folder holding one of them is a run, to be replaced or resumed.
+RUN_ENTRIES = (*MARKERS, "trainer_state.json", "run_summary.json", ".staging", "preference_pairs.jsonl")
+
+
+def check_not_foreign(output_dir: str | Path, overwrite: bool) -> None:
+    """Refuse an `output_dir` that holds files but no minirope run (a user's own folder), as transformers'
+    `run_clm.py` refuses a non-empty output folder: the run would write its files among them. An earlier run in
+    the folder is `check_previous_run`'s case; `overwrite` (`--overwrite_output_dir`) writes among them anyway.
+
+    Raises:
+        ValueError: naming the folder, a few of its entries and the two ways on.
+    """
+    output_dir = Path(output_dir)
+    if overwrite or not output_dir.is_dir():
+        return
+    entries = sorted(path.name for path in output_dir.iterdir())
+    if not entries or any(name in RUN_ENTRIES or name.startswith("checkpoint-") for name in entries):
+        return
+    shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+    raise ValueError(
+        f"--output_dir {output_dir} holds files that are not a minirope run ({shown}): choose a new or empty "
+        f"--output_dir, or pass --overwrite_output_dir to write the run among them."
+    )
 
 
 def check_previous_run(output_dir: str | Path, config: PreTrainedConfig, overwrite: bool, resuming: bool) -> None:
@@ -32,8 +56,10 @@ def check_previous_run(output_dir: str | Path, config: PreTrainedConfig, overwri
       keeps the highest numbers, deleting the new run's, and `--resume_from_checkpoint last` would pick the old run's).
 
     Raises:
-        ValueError: naming the first differing field, unless `overwrite` (or `resuming`) is set.
+        ValueError: naming the first differing field, unless `overwrite` (or `resuming`) is set; or a folder of
+            other files (`check_not_foreign`).
     """
+    check_not_foreign(output_dir, overwrite)
     output_dir = Path(output_dir)
     existing_file = output_dir / "config.json"
     if existing_file.is_file():
