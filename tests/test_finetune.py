@@ -64,7 +64,8 @@ def test_prompt_completion_trains_on_completions_only(tiny_pretrained, tmp_path)
     )  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
     data_args = args[2]
-    train, _ = prompt_completion_examples(data_args.train_file, data_args.validation_file, tokenizer, data_args)
+    raw = load_prompt_completion(data_args.train_file, data_args.validation_file)
+    train, _ = prompt_completion_examples(raw, tokenizer, data_args)
     row = train[0]
     prompt_length = len(tokenizer(rows[0]["prompt"], add_special_tokens=False).input_ids)
     assert row["labels"][:prompt_length] == [IGNORE_INDEX] * prompt_length
@@ -87,3 +88,53 @@ def test_bad_jsonl_rows_are_named(tmp_path, line, message):
     with pytest.raises(ValueError, match=message) as error:
         load_prompt_completion([str(tmp_path / "t.jsonl")], [str(tmp_path / "t.jsonl")])
     assert "line 2" in str(error.value)
+
+
+def held_out_split(tiny_pretrained, tmp_path, name: str, text: str, *extra):
+    (tmp_path / name).write_text(text)
+    args = finetune.parse_args(
+        ["--model_name_or_path", str(tiny_pretrained), "--train_file", str(tmp_path / name), "--block_size", "32",
+         *extra]
+    )  # fmt: skip
+    data_args = args[2]
+    kind, dataset = finetune.data_kind_and_dataset(data_args)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
+    train, validation, _ = finetune.datasets_and_collator(data_args, kind, dataset, tokenizer, seed=0)
+    return [tuple(row) for row in train["input_ids"]], [tuple(row) for row in validation["input_ids"]]
+
+
+def test_without_a_validation_file_the_first_rows_are_held_out_and_never_trained_on(tiny_pretrained, tmp_path):
+    """run_clm's --validation_split_percentage: the first 5 % (10 % here) of the rows are the validation set."""
+    rows = [{"prompt": f"Q: who speaks {i}?\nA:", "completion": f" ROMEO, {i} times.\n"} for i in range(40)]
+    train, validation = held_out_split(
+        tiny_pretrained, tmp_path, "pairs.jsonl", "".join(json.dumps(row) + "\n" for row in rows),
+        "--validation_split_percentage", "10",
+    )  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
+    first = tokenizer(rows[0]["prompt"] + rows[0]["completion"], add_special_tokens=False)["input_ids"]
+    assert len(validation) == 4 and len(train) == 36 and not set(validation) & set(train)
+    assert list(validation[0][: len(first)]) == first  # the first rows, as run_clm's train[:N%]
+    text = "".join(f"ROMEO:\nSpeech number {i}, of a line or two.\n\n" for i in range(200))
+    train, validation = held_out_split(tiny_pretrained, tmp_path, "play.txt", text)  # blocks of 32 tokens
+    assert len(validation) == round(0.05 * (len(train) + len(validation))) >= 1
+    assert not set(validation) & set(train) and all(len(block) == 32 for block in validation)
+
+
+def test_conversations_are_held_out_by_conversation():
+    from datasets import Dataset, DatasetDict
+
+    conversations = [
+        [{"role": "user", "content": f"Who {i}?"}, {"role": "assistant", "content": "I."}] for i in range(30)
+    ]
+    raw = DatasetDict({"train": Dataset.from_list([{"messages": m} for m in conversations])})
+    args = finetune.parse_args(["--model_name_or_path", "x", "--train_file", "c.jsonl"])[2]
+    split = finetune.held_out(raw, args, "conversations")
+    assert [row["messages"] for row in split["validation"]] == conversations[:2]  # round(5 % of 30) = 2
+    assert [row["messages"] for row in split["train"]] == conversations[2:]
+
+
+def test_a_text_file_alone_fine_tunes_with_a_held_out_validation_loss(tiny_pretrained, tmp_path):
+    (tmp_path / "my.txt").write_text("ROMEO:\nBut soft, what light through yonder window breaks?\n\n" * 80)
+    result = finetune_run(tiny_pretrained, tmp_path / "out", "--train_file", str(tmp_path / "my.txt"))
+    assert result["after"]["eval_nats_per_token"] < result["before"]["eval_nats_per_token"]
+    assert json.loads((tmp_path / "out" / "eval_results.json").read_text())["eval_nats_per_token"] > 0

@@ -11,6 +11,10 @@ Data, one of:
   --dataset_name NAME [--dataset_config_name C]    a `datasets` dataset: text (--text_column), or a
                                                    `messages` column of conversations
 
+Without --validation_file, the first --validation_split_percentage (5) % of the training rows (prompt/completion
+rows, conversations, or blocks of text) are held out for validation and never trained on, as in transformers'
+run_clm.py.
+
 Full fine-tuning by default; `--lora` trains a peft LoRA adapter instead (merged into the weights on save
 unless `--merge_lora False`, which saves the adapter alone). The validation loss is measured before and
 after training; the output folder is Hub-ready (model or adapter, tokenizer, model card, metrics), and
@@ -22,6 +26,7 @@ after training; the output folder is Hub-ready (model or adapter, tokenizer, mod
 
 from dataclasses import dataclass, field
 
+from datasets import DatasetDict
 from transformers import DataCollatorForSeq2Seq, default_data_collator
 
 from minirope.commands import run_cli
@@ -30,7 +35,7 @@ from minirope.training.arguments import MiniRopeTrainingArguments, parse_cli_arg
 from minirope.training.chat import conversation_examples, dataset_conversations, load_conversations
 from minirope.training.checkpoints import check_resume
 from minirope.training.corpus import play_shards
-from minirope.training.data import TextDataArguments, data_description, tokenize_and_block
+from minirope.training.data import TextDataArguments, data_description, hold_out, tokenize_and_block, training_blocks
 from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.output import (
     check_previous_run,
@@ -39,8 +44,8 @@ from minirope.training.output import (
     optimizer_description,
     remove_old_checkpoints,
 )
-from minirope.training.sources import data_kind, text_sources
-from minirope.training.supervised import prompt_completion_examples
+from minirope.training.sources import data_kind, file_shards, text_sources
+from minirope.training.supervised import load_prompt_completion, prompt_completion_examples
 from minirope.training.tokenizer import add_chat_template
 from minirope.training.trainer import MiniRopeTrainer, final_evaluation
 
@@ -93,6 +98,26 @@ class FinetuneDataArguments(TextDataArguments):
     """Data flags, plus one play of the bundled corpus; a .jsonl --train_file holds prompt/completion rows."""
 
     play: str | None = field(default=None, metadata={"help": "A play of the bundled corpus, e.g. the-tempest."})
+    validation_split_percentage: int = field(
+        default=5,
+        metadata={
+            "help": "With --train_file and no --validation_file: the share of training rows held out for validation, "
+            "in percent (the first rows: prompt/completion rows, conversations, or blocks of text), as run_clm.py."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.validation_split_percentage <= 50:
+            raise ValueError(f"--validation_split_percentage must be in 1..50, got {self.validation_split_percentage}.")
+
+
+def held_out(raw: DatasetDict, data_args: FinetuneDataArguments, what: str) -> DatasetDict:
+    """`raw`'s `train` and `validation` rows, or, with no --validation_file, its `train` rows split by
+    --validation_split_percentage (`hold_out`)."""
+    if data_args.validation_file:
+        return raw
+    return hold_out(raw["train"], data_args.validation_split_percentage, what)
 
 
 def data_kind_and_dataset(data_args: FinetuneDataArguments) -> tuple[str, object]:
@@ -101,14 +126,11 @@ def data_kind_and_dataset(data_args: FinetuneDataArguments) -> tuple[str, object
     with `datasets.load_dataset` (None without one).
 
     Raises:
-        ValueError: a --train_file without a --validation_file (or the reverse), files of mixed kinds or records of
-            none (`data_kind`).
+        ValueError: a --validation_file without a --train_file, files of mixed kinds or records of none
+            (`data_kind`).
     """
-    if bool(data_args.train_file) != bool(data_args.validation_file):
-        raise ValueError(
-            "Give both --train_file and --validation_file (held-out rows of the same kind), or neither: the "
-            "model is evaluated before and after fine-tuning."
-        )
+    if data_args.validation_file and not data_args.train_file:
+        raise ValueError("--validation_file needs a --train_file (alone, the model would have nothing to learn).")
     files = [*(data_args.train_file or []), *(data_args.validation_file or [])]
     if files:
         return data_kind(files, data_args.text_column), None
@@ -163,14 +185,14 @@ def datasets_and_collator(data_args: FinetuneDataArguments, kind: str, dataset, 
     Raises:
         ValueError, OSError: no data or two sources, files of mixed kinds, or a bad file (naming it).
     """
+    files = (data_args.train_file, data_args.validation_file or [])
     if kind == "prompt_completion":
-        train, validation = prompt_completion_examples(
-            data_args.train_file, data_args.validation_file, tokenizer, data_args
-        )
+        raw = held_out(load_prompt_completion(*files), data_args, "prompt/completion rows")
+        train, validation = prompt_completion_examples(raw, tokenizer, data_args)
         return train, validation, DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX)
     if kind == "messages":
         if data_args.train_file:
-            conversations = load_conversations(data_args.train_file, data_args.validation_file)
+            conversations = held_out(load_conversations(*files), data_args, "conversations")
         else:
             conversations = dataset_conversations(dataset, data_args.dataset_name)
         limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples}
@@ -181,6 +203,11 @@ def datasets_and_collator(data_args: FinetuneDataArguments, kind: str, dataset, 
     if data_args.play:
         shards = play_shards(data_args.play)
         train_shards, validation = shards["train"], shards["validation"]
+    elif data_args.train_file and not data_args.validation_file:
+        blocks = training_blocks(file_shards(data_args.train_file, data_args.text_column), tokenizer, data_args, seed)
+        split = held_out(DatasetDict({"train": blocks}), data_args, f"blocks of {data_args.block_size} tokens")
+        eval_rows = min(len(split["validation"]), data_args.max_eval_samples or len(split["validation"]))
+        return split["train"], split["validation"].select(range(eval_rows)), default_data_collator
     elif data_args.train_file or data_args.dataset_name:
         train_shards, validation = text_sources(data_args)
     else:

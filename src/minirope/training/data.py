@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from datasets import Dataset
+from datasets import Dataset, DatasetDict
 from transformers import PreTrainedTokenizerBase
 
 from minirope.training.blocks import document_frame, document_windows, token_pieces
@@ -115,6 +115,23 @@ def training_blocks(
     """
     blocks = np.stack(list(block_stream(shards, tokenizer, data_args, seed).one_epoch()))
     return Dataset.from_dict({"input_ids": blocks, "labels": blocks})
+
+
+def hold_out(rows: Dataset, percentage: int, what: str) -> DatasetDict:
+    """`{"train", "validation"}` of `rows`: the first `percentage` % (at least one row) held out for validation, the
+    rest for training, as transformers' `run_clm.py` splits `train[:N%]` / `train[N%:]` for its
+    `--validation_split_percentage`. No row is in both.
+
+    Raises:
+        ValueError: fewer than two rows of `what` (nothing would be left to train on).
+    """
+    held = max(1, round(len(rows) * percentage / 100))
+    if len(rows) - held < 1:
+        raise ValueError(
+            f"--train_file has too few {what} ({len(rows)}) to hold out {percentage} % for validation: give more "
+            f"data or a --validation_file."
+        )
+    return DatasetDict({"train": rows.select(range(held, len(rows))), "validation": rows.select(range(held))})
 
 
 def document_ids(shards: list[Shard], tokenizer: PreTrainedTokenizerBase, prefix: list[int]) -> list[np.ndarray]:

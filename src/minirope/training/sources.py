@@ -93,7 +93,7 @@ def training_shards(args: TextDataArguments, streaming: bool = False) -> list[Sh
     if not streaming and bool(args.train_file) != bool(args.validation_file):
         raise ValueError("Give both --train_file and --validation_file, or neither.")
     if args.train_file:
-        return [file_shard(path, args.text_column) for path in expand_files(args.train_file)]
+        return file_shards(args.train_file, args.text_column)
     if args.dataset_name:
         return dataset_shards(args, "train", streaming)
     return bundled_shards("train")
@@ -103,11 +103,19 @@ def validation_shards(args: TextDataArguments) -> list[Shard]:
     """The held-out documents: `--validation_file` files, `--dataset_name`'s `validation` split, or the bundled
     validation plays."""
     if args.validation_file:
-        files = expand_files(args.validation_file, flag="--validation_file")
-        return [file_shard(path, args.text_column) for path in files]
+        return file_shards(args.validation_file, args.text_column, flag="--validation_file")
     if args.dataset_name:
         return dataset_shards(args, "validation")
     return bundled_shards("validation")
+
+
+def file_shards(patterns: list[str], text_column: str, flag: str = "--train_file") -> list[Shard]:
+    """One shard per file of `patterns` (paths and globs, `expand_files`), each file checked before any is read.
+
+    Raises:
+        ValueError, FileNotFoundError: a missing, empty or unsupported file (naming `flag`).
+    """
+    return [file_shard(path, text_column) for path in expand_files(patterns, flag=flag)]
 
 
 def document_texts(shards: list[Shard]) -> list[str]:

@@ -33,12 +33,10 @@ def load_prompt_completion(train_files: list[str], validation_files: list[str]) 
 
 
 def prompt_completion_examples(
-    train_files: list[str],
-    validation_files: list[str],
-    tokenizer: PreTrainedTokenizerBase,
-    data_args: TextDataArguments,
+    raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, data_args: TextDataArguments
 ) -> tuple[Dataset, Dataset]:
-    """Prompt/completion rows (`load_prompt_completion`) tokenized as `prompt + completion + eos`, cut to
+    """Prompt/completion rows (`train` and `validation` of `load_prompt_completion`) tokenized as
+    `prompt + completion + eos`, cut to
     `block_size`, labels -100 on the prompt (the loss covers the completion and the eos only); rows left with no
     completion token are dropped. Columns `input_ids`, `attention_mask`, `labels` (of varying lengths).
 
@@ -53,7 +51,6 @@ def prompt_completion_examples(
         labels = ([IGNORE_INDEX] * len(prompt) + completion)[: data_args.block_size]
         return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels}
 
-    raw = load_prompt_completion(train_files, validation_files)
     tokenized = raw.map(tokenize, remove_columns=["prompt", "completion"], desc="Tokenizing")
     limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples}
     return keep_labelled(tokenized, "prompt/completion row", data_args.block_size, limits)
