@@ -143,3 +143,16 @@ def test_post_training_records_runs_interpolates_and_plots(tmp_path, tiny_pretra
     assert record["steps"] == 1 and record["machine"]["trl"] and record["process_seconds"] > 0
     assert 0 <= record["interpolation"]["0.5"]["scan_share"] <= 1
     assert (tmp_path / "frontier.png").stat().st_size > 1000
+
+
+@pytest.mark.client
+def test_quantization_benchmark_measures_each_form_it_is_given(tmp_path, tiny_pretrained):
+    forms = ["float32", "torchao int8 weight-only", "GGUF q4_0"]
+    printed = run_script(
+        "benchmarks/quantization.py", "--model", tiny_pretrained, "--output", tmp_path / "q.json", "--max_windows", "2",
+        "--forms", *forms,
+    )  # fmt: skip
+    rows = json.loads((tmp_path / "q.json").read_text())["rows"]
+    assert [row["form"] for row in rows] == forms and all(form in printed for form in forms)
+    assert all(row["tokens_per_second"] > 0 and 0 < row["bits_per_byte"] < 20 for row in rows)
+    assert rows[1]["bytes"] < rows[0]["bytes"] and rows[2]["bytes"] < rows[1]["bytes"]
