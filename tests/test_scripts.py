@@ -55,6 +55,7 @@ def test_recipe_runs_a_pretraining_and_records_it(tmp_path):
     assert "budget-tiny@6" in printed
 
 
+@pytest.mark.slow  # 5 pretraining processes (~50 s); test_stream.py covers streaming itself in the default run
 def test_streaming_benchmark(tmp_path):
     out = tmp_path / "streaming.json"
     run_script(
@@ -65,6 +66,7 @@ def test_streaming_benchmark(tmp_path):
     assert len(rows) == 5 and all(row["peak_rss_mb"] > 0 for row in rows)
 
 
+@pytest.mark.slow  # four models trained and scored (~30 s); test_extend.py and test_rope.py cover the code
 def test_context_extension(tmp_path):
     printed = run_script(
         "benchmarks/context_extension.py", "--context", "16", "--max_steps", "2", "--batch_size", "2",
