@@ -20,8 +20,9 @@ from minirope.configuration_minirope import ARCHITECTURE_FIELDS
 
 MARKERS = ("adapter_config.json", "config.json")  # moved last: their presence means "complete"
 # What a minirope run leaves in its folder however early it stopped (the posttrain pairs are written before
-# training; `checkpoint-N` folders too): a folder holding one of them is a run, to be replaced or resumed.
-RUN_ENTRIES = (*MARKERS, "trainer_state.json", "run_summary.json", ".staging", "preference_pairs.jsonl")
+# training, the Trainer's TensorBoard logs under `runs/` from its first step; `checkpoint-N` folders too): a folder
+# holding one of them is a run, to be replaced or resumed.
+RUN_ENTRIES = (*MARKERS, "trainer_state.json", "run_summary.json", ".staging", "preference_pairs.jsonl", "runs")
 
 
 def check_not_foreign(output_dir: str | Path, overwrite: bool) -> None:
