@@ -225,7 +225,7 @@ def test_llama_cpp_greedy_generation_is_token_identical(client_model, gguf_f32, 
     assert got[:decided] == want.sequences[0, len(prompt_ids) :].tolist()[:decided]
 
 
-@pytest.mark.parametrize(("outtype", "bound"), [("f16", 0.01), ("q8_0", 0.1), ("q4_0", 1.0)])
+@pytest.mark.parametrize(("outtype", "bound"), [("f16", 0.01), ("q8_0", 0.1), ("q4_0", 0.5)])
 def test_llama_cpp_runs_f16_q8_0_and_q4_0(client_model, tmp_path, outtype, bound):
     """Lower precision: last-position logits stay within `bound` of float32 (measured: see README)."""
     path = export_gguf(client_model, tmp_path / f"model-{outtype}.gguf", outtype)
@@ -354,7 +354,7 @@ def test_executorch_8da8w_is_smaller_and_stays_close(client_model, executorch_f3
         want = MiniRopeForCausalLM.from_pretrained(client_model).eval()(ids).logits
     difference = (logits[0, -1] - want[0, -1]).abs().max().item()
     print(f"8da8w: max |logit difference| at the last position = {difference:.4f}")
-    assert 0 < difference < 0.5
+    assert 0 < difference < 0.1  # measured 0.02
     with pytest.raises(ValueError, match="not one of f32, 8da8w"):
         export_executorch(client_model, tmp_path / "q4", outtype="q4_0")
     assert not (tmp_path / "q4").exists()
