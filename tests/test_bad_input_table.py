@@ -344,6 +344,8 @@ CASES = [
     (EXPORT, [*X, "--format", "llama", "--outtype", "q4_k"], "--outtype q4_k is not one of f32 for --format llama"),
     (EXPORT, [*X, "--format", "gguf", "--outtype", "q4_k"], "--outtype q4_k is not one of f32, f16, q8_0, q4_0 for"),
     (EXPORT, [*X, "--format", "onnx", "--max_cache_len", "64"], "--max_cache_len applies to --format executorch"),
+    (EXPORT, [*X, "--format", "executorch", "--outtype", "q4_0"], "--outtype q4_0 is not one of f32, 8da8w for"),
+    (EXPORT, [*X, "--format", "executorch", "--max_cache_len", "1"], "--max_cache_len 1 leaves no room to generate"),
     (
         EXPORT,
         ["--model", "{model}", "--output", "{model}", "--format", "gguf", "--overwrite", "True"],
