@@ -347,6 +347,8 @@ def export_executorch(
     """
     if outtype not in EXECUTORCH_OUTTYPES:
         raise ValueError(f"--outtype {outtype!r} is not one of {', '.join(EXECUTORCH_OUTTYPES)} for ExecuTorch.")
+    if max_cache_len is not None and max_cache_len < 2:
+        raise ValueError(f"--max_cache_len {max_cache_len} leaves no room to generate: give at least 2 positions.")
     try:
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
         from executorch.exir import to_edge_transform_and_lower
@@ -356,8 +358,6 @@ def export_executorch(
 
     model, tokenizer = load(model_dir)
     length = max_cache_len or model.config.max_position_embeddings
-    if length < 2:
-        raise ValueError(f"--max_cache_len {length} leaves no room to generate: give at least 2 positions.")
     model.requires_grad_(False)
     if outtype == "8da8w":
         quantize_8da8w(model)

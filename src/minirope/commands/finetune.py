@@ -35,7 +35,14 @@ from minirope.training.arguments import MiniRopeTrainingArguments, parse_cli_arg
 from minirope.training.chat import conversation_examples, dataset_conversations, load_conversations
 from minirope.training.checkpoints import check_resume
 from minirope.training.corpus import play_shards
-from minirope.training.data import TextDataArguments, data_description, hold_out, tokenize_and_block, training_blocks
+from minirope.training.data import (
+    TextDataArguments,
+    data_description,
+    first_rows,
+    hold_out,
+    tokenize_and_block,
+    training_blocks,
+)
 from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.output import (
     check_previous_run,
@@ -205,9 +212,9 @@ def datasets_and_collator(data_args: FinetuneDataArguments, kind: str, dataset, 
         train_shards, validation = shards["train"], shards["validation"]
     elif data_args.train_file and not data_args.validation_file:
         blocks = training_blocks(file_shards(data_args.train_file, data_args.text_column), tokenizer, data_args, seed)
-        split = held_out(DatasetDict({"train": blocks}), data_args, f"blocks of {data_args.block_size} tokens")
-        eval_rows = min(len(split["validation"]), data_args.max_eval_samples or len(split["validation"]))
-        return split["train"], split["validation"].select(range(eval_rows)), default_data_collator
+        percentage, what = data_args.validation_split_percentage, f"blocks of {data_args.block_size} tokens"
+        split = hold_out(blocks, percentage, what)
+        return split["train"], first_rows(split["validation"], data_args.max_eval_samples), default_data_collator
     elif data_args.train_file or data_args.dataset_name:
         train_shards, validation = text_sources(data_args)
     else:

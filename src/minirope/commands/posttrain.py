@@ -148,8 +148,11 @@ def run(argv: list[str] | None = None) -> dict:
     if setup.dataset is None:
         setup.dataset = own_preference_pairs(setup, args, config)
 
-    keep = args.weight_interpolation < 1  # the starting weights are kept only to interpolate with
-    start_weights = {name: param.detach().clone() for name, param in setup.model.named_parameters() if keep}
+    start_weights = (  # kept only to interpolate with
+        {name: param.detach().clone() for name, param in setup.model.named_parameters()}
+        if args.weight_interpolation < 1
+        else {}
+    )
     method_kwargs = {"grpo": {"reward_funcs": setup.rewards}, "distill": {"teacher_model": setup.teacher}}
     trainer = post.TRAINERS[args.method](
         model=setup.model,

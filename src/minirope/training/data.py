@@ -117,6 +117,11 @@ def training_blocks(
     return Dataset.from_dict({"input_ids": blocks, "labels": blocks})
 
 
+def first_rows(rows: Dataset, limit: int | None) -> Dataset:
+    """The first `limit` rows of `rows` (all of them for None): `--max_train_samples`, `--max_eval_samples`."""
+    return rows if limit is None else rows.select(range(min(len(rows), limit)))
+
+
 def hold_out(rows: Dataset, percentage: int, what: str) -> DatasetDict:
     """`{"train", "validation"}` of `rows`: the first `percentage` % (at least one row) held out for validation, the
     rest for training, as transformers' `run_clm.py` splits `train[:N%]` / `train[N%:]` for its

@@ -4,7 +4,7 @@ filter that keeps the rows with a label to learn (also used for conversations, `
 from datasets import Dataset, DatasetDict
 from transformers import PreTrainedTokenizerBase
 
-from minirope.training.data import TextDataArguments
+from minirope.training.data import TextDataArguments, first_rows
 from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.records import records
 
@@ -70,9 +70,4 @@ def keep_labelled(tokenized: DatasetDict, rows: str, block_size: int, limits: di
                 f"no {split} {rows} keeps a token to learn within --block_size {block_size}: shorten them or raise "
                 f"--block_size."
             )
-    return tuple(
-        tokenized[split].select(range(min(len(tokenized[split]), limits[split])))
-        if limits.get(split) is not None
-        else tokenized[split]
-        for split in ("train", "validation")
-    )
+    return tuple(first_rows(tokenized[split], limits.get(split)) for split in ("train", "validation"))
