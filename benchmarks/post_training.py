@@ -118,10 +118,11 @@ def lm_baseline(name: str, record: dict, runs: Path) -> dict:
 
 def interpolate(record: dict, alphas: list[float], args) -> dict:
     """The verse measure and bits per byte of `start + a * (tuned - start)` for each `a`, from the run's folder."""
+    from minirope.training.verse import measure_verse
+
     from minirope.commands.posttrain import validation_bits_per_byte
     from minirope.folders import ModelArguments, load_causal_lm
     from minirope.training.posttraining import interpolate_weights
-    from minirope.training.verse import measure_verse
 
     base, tokenizer = load_causal_lm(ModelArguments(record["base_model"]))
     start = {name: param.detach().clone() for name, param in base.named_parameters()}

@@ -14,10 +14,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 pytest.importorskip("trl")
 pytestmark = pytest.mark.client
 
+from minirope.training.verse import training_prompts, validation_headers  # noqa: E402
+
 from minirope.commands import posttrain  # noqa: E402
 from minirope.training.corpus import VALIDATION_PLAYS, shakespeare_dataset  # noqa: E402
 from minirope.training.posttraining import interpolate_weights, own_pairs, read_pairs  # noqa: E402
-from minirope.training.verse import training_prompts, validation_headers  # noqa: E402
 
 # A few steps at the tiny model's size: 2 prompts x 2 completions of 8 tokens a step, 2 x 2 samples measured.
 TINY_POST = [

@@ -36,6 +36,7 @@ from minirope.training.chat import conversation_examples, dataset_conversations,
 from minirope.training.checkpoints import check_resume
 from minirope.training.corpus import play_shards
 from minirope.training.data import (
+    HeldOutArguments,
     TextDataArguments,
     data_description,
     first_rows,
@@ -101,22 +102,10 @@ class LoraArguments:
 
 
 @dataclass
-class FinetuneDataArguments(TextDataArguments):
+class FinetuneDataArguments(HeldOutArguments, TextDataArguments):
     """Data flags, plus one play of the bundled corpus; a .jsonl --train_file holds prompt/completion rows."""
 
     play: str | None = field(default=None, metadata={"help": "A play of the bundled corpus, e.g. the-tempest."})
-    validation_split_percentage: int = field(
-        default=5,
-        metadata={
-            "help": "With --train_file and no --validation_file: the share of training rows held out for validation, "
-            "in percent (the first rows: prompt/completion rows, conversations, or blocks of text), as run_clm.py."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 1 <= self.validation_split_percentage <= 50:
-            raise ValueError(f"--validation_split_percentage must be in 1..50, got {self.validation_split_percentage}.")
 
 
 def held_out(raw: DatasetDict, data_args: FinetuneDataArguments, what: str) -> DatasetDict:
@@ -284,6 +273,7 @@ def report(trainer, model_args, lora_args, data_args, start, measures: Measures)
     steps, base = trainer.state.global_step, model_args.model_name_or_path
     summary = {
         "base_model": base,
+        "training_data": data_description(data_args),
         "method": lora_args.method(),
         "trainable_parameters": trainable,
         "steps": steps,

@@ -30,10 +30,14 @@ from minirope.tokenizer_format import RESERVED_TOKENS
 from minirope.training.arguments import OPTIM_HIDDEN_HELP, MiniRopeTrainingArguments, parse_cli_args, start_run
 from minirope.training.checkpoints import check_resume
 from minirope.training.data import (
+    HeldOutArguments,
     TextDataArguments,
     block_stream,
     data_description,
+    first_rows,
+    hold_out,
     tokenize_and_block,
+    training_blocks,
     validation_windows,
 )
 from minirope.training.output import (
@@ -44,7 +48,7 @@ from minirope.training.output import (
     optimizer_description,
     remove_old_checkpoints,
 )
-from minirope.training.sources import text_sources
+from minirope.training.sources import file_shards, text_sources
 from minirope.training.throughput import ThroughputCallback, training_flops_per_token
 from minirope.training.tokenizer import load_or_train_tokenizer
 from minirope.training.trainer import MiniRopeTrainer, check_stream_workers, final_evaluation, parallelism
@@ -81,7 +85,7 @@ class ArchitectureArguments:
 
 
 @dataclass
-class DataArguments(TextDataArguments):
+class DataArguments(HeldOutArguments, TextDataArguments):
     """Data flags, the tokenizer to train or reuse, and the sample printed at the end."""
 
     tokenizer_name_or_path: str | None = field(
@@ -236,6 +240,10 @@ def pretraining_tokenizer(data_args: DataArguments, train_shards, output_dir: Pa
 
 def datasets(train_shards, validation, tokenizer, data_args: DataArguments, training_args: PretrainingArguments):
     """The training blocks (in memory, or a `BlockStream` with `--streaming`) and the validation windows."""
+    if validation is None:  # one --train_file: its first blocks held out, as minirope-finetune and run_clm.py do
+        blocks = training_blocks(train_shards, tokenizer, data_args, training_args.seed)
+        split = hold_out(blocks, data_args.validation_split_percentage, f"blocks of {data_args.block_size} tokens")
+        return split["train"], first_rows(split["validation"], data_args.max_eval_samples)
     if not data_args.streaming:
         return tokenize_and_block(train_shards, validation, tokenizer, data_args, training_args.seed)
     shuffle = data_args.shuffle_buffer_size
@@ -297,7 +305,10 @@ def run(argv: list[str] | None = None) -> dict:
     dataclasses = (ArchitectureArguments, DataArguments, PretrainingArguments)
     model_args, data_args, training_args, start = start_run(dataclasses, argv)
     check_flags(data_args, training_args, start)
-    train_shards, validation_shards = text_sources(data_args, streaming=data_args.streaming)
+    if data_args.train_file and not (data_args.validation_file or data_args.streaming):
+        train_shards, validation_shards = file_shards(data_args.train_file, data_args.text_column), None
+    else:
+        train_shards, validation_shards = text_sources(data_args, streaming=data_args.streaming)
     tokenizer, how = pretraining_tokenizer(data_args, train_shards, start.output_dir, start.resume)
     print(f"[minirope] tokenizer: {len(tokenizer)} tokens, {how}")
     config = build_config(model_args, data_args, tokenizer)
@@ -364,6 +375,7 @@ def report(trainer, data_args, start, measures: Measures) -> None:
     }
     summary = {
         "output_dir": str(start.output_dir),
+        "training_data": data_description(data_args),
         "num_parameters": n_params,
         "steps": steps,
         "train_tokens": tokens,

@@ -79,6 +79,24 @@ class TextDataArguments:
             raise ValueError(f"--repeat_fraction must be in [0, 1], got {self.repeat_fraction}: e.g. 0.25.")
 
 
+@dataclass
+class HeldOutArguments:
+    """The share of a lone `--train_file` held out for validation, as transformers' `run_clm.py` takes it."""
+
+    validation_split_percentage: int = field(
+        default=5,
+        metadata={
+            "help": "With --train_file and no --validation_file: the share of training rows held out for validation, "
+            "in percent (the first rows: prompt/completion rows, conversations, or blocks of text), as run_clm.py."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.validation_split_percentage <= 50:
+            raise ValueError(f"--validation_split_percentage must be in 1..50, got {self.validation_split_percentage}.")
+
+
 def data_description(args: TextDataArguments) -> str:
     """What a model card names as the training data: the dataset, the files, or the bundled corpus."""
     if args.dataset_name:

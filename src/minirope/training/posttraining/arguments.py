@@ -1,0 +1,259 @@
+"""`minirope-posttrain`'s flags: `PosttrainArguments` (the method, the data as TRL's `ScriptArguments` names it, the
+rewards, the corpus term, the measures) and each method's TRL config, whose defaults minirope re-tunes for a CPU
+(the figures are in docs/post_training.md) while keeping TRL's help text for every flag (`retuned`).
+
+`parse_args` reads `--method` with the argument parser first (from the command line, or the `method` key of a JSON
+arguments file), then parses everything into `PosttrainArguments` and that method's config.
+"""
+
+import json
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from transformers import HfArgumentParser
+from trl import DistillationConfig, DPOConfig, GRPOConfig
+
+from minirope.training.arguments import parse_cli_args
+
+METHODS = ("grpo", "dpo", "distill")
+LM_COEF = {"grpo": 0.2, "dpo": 0.3, "distill": 0.0}  # measured in docs/post_training.md
+VERSE_REWARD = "scansion_reward"
+
+
+def retuned(config: type, name: str, default: object) -> object:
+    """A dataclass field for `config`'s flag `name` with a new `default` and TRL's own help text (a bare
+    `name: type = value` in a subclass would drop the help)."""
+    metadata = next(item for item in fields(config) if item.name == name).metadata
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class PosttrainArguments:
+    """What to post-train, on which data, for which reward, and what to measure. The method's training flags are its
+    TRL config's: its `--trust_remote_code` applies to the model and the teacher, and `DistillationConfig`'s
+    `--teacher_model_name_or_path` names the teacher."""
+
+    model_name_or_path: str = field(
+        metadata={"help": "The model to post-train: a folder written by minirope, or a Hub id.", "aliases": ["--model"]}
+    )
+    method: str = field(
+        default="grpo", metadata={"help": "grpo (reward), dpo (preference pairs) or distill (a teacher)."}
+    )
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "The task's data, as TRL's scripts take it: a folder saved by `datasets` (save_to_disk), a "
+            "folder of data files, or a Hub id. grpo/distill: prompt-only rows ({prompt}, plain or conversational; "
+            "other columns reach the rewards); dpo: preference rows ({prompt, chosen, rejected}, or implicit prompt "
+            "{chosen, rejected}). Without any data: the verse task on the bundled plays."
+        },
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "The dataset's configuration name."})
+    dataset_train_split: str = field(default="train", metadata={"help": "The split to train on."})
+    dataset_test_split: str = field(
+        default="test",
+        metadata={
+            "help": "The held-out split the measures use; if the dataset has none, --validation_split_percentage of "
+            "the training rows are held out instead (never trained on)."
+        },
+    )
+    train_file: list[str] | None = field(
+        default=None,
+        metadata={"help": "Instead of --dataset_name: .jsonl/.json/.parquet files of the same rows."},
+    )
+    validation_file: list[str] | None = field(
+        default=None, metadata={"help": "Held-out rows for the measures, as --train_file."}
+    )
+    validation_split_percentage: int = field(
+        default=5,
+        metadata={"help": "Without a test split or --validation_file: the share of rows held out, in percent."},
+    )
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Rewards by name (minirope's: scansion_reward, syllable_closeness_reward) or import path "
+            "(my_rewards.exact_match, imported from the working directory as `trl grpo` does), called as TRL calls "
+            "them: prompts, completions, completion_ids and every dataset column as keyword arguments. grpo trains "
+            "on them; dpo ranks its own pairs by the first; every method measures them on the held-out prompts. "
+            f"Default: {VERSE_REWARD} for the verse task; needed for grpo on your data."
+        },
+    )
+    num_prompts: int = field(
+        default=4096,
+        metadata={"help": "At most this many training prompts (the verse task draws them from the training plays)."},
+    )
+    samples_per_prompt: int = field(default=8, metadata={"help": "dpo: samples of each prompt ranked for a pair."})
+    min_reward_margin: float = field(
+        default=0.5,
+        metadata={
+            "help": "dpo's own pairs: keep a prompt's best and worst samples as a pair only when their rewards differ "
+            "by at least this (with scansion_reward, 0.5 keeps a chosen with two of three lines that scan against a "
+            "rejected with none)."
+        },
+    )
+    lm_coef: float | None = field(
+        default=None,
+        metadata={
+            "help": "Weight of the language-modelling loss on your pretraining text added to each update (ptx); "
+            f"default {', '.join(f'{method} {coef}' for method, coef in LM_COEF.items())} where there is a corpus "
+            "(--lm_train_file, --lm_dataset_name, or the bundled plays for a model the run summary says was "
+            "trained on them), else off."
+        },
+    )
+    lm_train_file: list[str] | None = field(
+        default=None,
+        metadata={"help": "The corpus term's text: .txt/.jsonl/.json/.parquet files or globs (--text_column 'text')."},
+    )
+    lm_dataset_name: str | None = field(
+        default=None, metadata={"help": "The corpus term's text: the train split of a `datasets` dataset ('text')."}
+    )
+    lm_validation_file: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Validation text whose bits per byte is measured before and after (default: the bundled "
+            "validation plays when the corpus term is the bundled plays)."
+        },
+    )
+    lm_batch_size: int = field(default=4, metadata={"help": "Corpus blocks per micro-batch for the corpus term."})
+    weight_interpolation: float = field(
+        default=1.0, metadata={"help": "Saved weights = start + a * (tuned - start), a in (0, 1] (WiSE-FT)."}
+    )
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Replace a model of another architecture in --output_dir."}
+    )
+    eval_prompts: int | None = field(
+        default=None,
+        metadata={"help": "Held-out prompts measured before and after: default 16 speaker headers (verse), else all."},
+    )
+    eval_samples_per_prompt: int = field(default=16, metadata={"help": "Samples of each held-out prompt."})
+    eval_max_new_tokens: int = field(default=64, metadata={"help": "Tokens sampled for each measured completion."})
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"--method {self.method!r} is not one of {', '.join(METHODS)}.")
+        for name in ("num_prompts", "samples_per_prompt", "lm_batch_size", "eval_prompts", "eval_samples_per_prompt",
+                     "eval_max_new_tokens"):  # fmt: skip
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}.")
+        if self.method == "dpo" and self.samples_per_prompt < 2:
+            raise ValueError("--samples_per_prompt must be >= 2 to rank a pair: e.g. 8.")
+        if self.lm_coef is not None and self.lm_coef < 0:
+            raise ValueError(f"--lm_coef must be >= 0, got {self.lm_coef}.")
+        if not 0 < self.weight_interpolation <= 1:
+            raise ValueError(f"--weight_interpolation must be in (0, 1], got {self.weight_interpolation}.")
+        if not 1 <= self.validation_split_percentage <= 50:
+            raise ValueError(f"--validation_split_percentage must be in 1..50, got {self.validation_split_percentage}.")
+        if self.dataset_name and (self.train_file or self.validation_file):
+            raise ValueError("Give either --dataset_name or --train_file/--validation_file, not both.")
+        if self.validation_file and not self.train_file:
+            raise ValueError("--validation_file needs a --train_file (alone, there would be nothing to train on).")
+        if self.lm_train_file and self.lm_dataset_name:
+            raise ValueError("Give either --lm_train_file or --lm_dataset_name for the corpus term, not both.")
+
+    @property
+    def verse_task(self) -> bool:
+        """No data given: the showcase task on the bundled plays."""
+        return not (self.dataset_name or self.train_file)
+
+
+@dataclass
+class CpuDefaults:
+    """Defaults every method's TRL config takes here: float32 (TRL defaults to bf16, emulated and slow on CPUs without
+    AVX512_BF16; `--bf16 True` where it is fast), no checkpoints (runs of minutes), a log line every 10 steps, and no
+    activation checkpointing (a model this small has nothing to save)."""
+
+    bf16: bool | None = retuned(GRPOConfig, "bf16", False)
+    save_strategy: str = retuned(GRPOConfig, "save_strategy", "no")
+    logging_steps: float = retuned(GRPOConfig, "logging_steps", 10)
+    gradient_checkpointing: bool = retuned(GRPOConfig, "gradient_checkpointing", False)
+
+
+# The methods' configs: learning rates, KL weights, steps and losses as measured in docs/post_training.md.
+@dataclass
+class PosttrainGRPOConfig(CpuDefaults, GRPOConfig):
+    output_dir: str = retuned(GRPOConfig, "output_dir", "runs/minirope-grpo")
+    learning_rate: float = retuned(GRPOConfig, "learning_rate", 2e-4)
+    beta: float = retuned(GRPOConfig, "beta", 0.04)
+    num_generations: int | None = retuned(GRPOConfig, "num_generations", 8)
+    per_device_train_batch_size: int = retuned(GRPOConfig, "per_device_train_batch_size", 16)
+    max_completion_length: int | None = retuned(GRPOConfig, "max_completion_length", 48)
+    temperature: float = retuned(GRPOConfig, "temperature", 0.8)
+    top_k: int = retuned(GRPOConfig, "top_k", 50)
+    max_steps: int = retuned(GRPOConfig, "max_steps", 1000)
+
+    def __post_init__(self) -> None:
+        if self.num_generations is not None and self.num_generations < 2:
+            raise ValueError(
+                f"--num_generations must be >= 2, got {self.num_generations}: GRPO scores each completion against the "
+                f"other completions of its prompt (e.g. 8)."
+            )
+        super().__post_init__()
+
+
+@dataclass
+class PosttrainDPOConfig(CpuDefaults, DPOConfig):
+    output_dir: str = retuned(DPOConfig, "output_dir", "runs/minirope-dpo")
+    learning_rate: float = retuned(DPOConfig, "learning_rate", 1e-4)
+    beta: float = retuned(DPOConfig, "beta", 0.1)
+    # DPO's loss plus the chosen completions' negative log-likelihood (RPO, Pang et al. 2024), summed.
+    loss_type: list[str] = retuned(DPOConfig, "loss_type", ["sigmoid", "sft"])
+    per_device_train_batch_size: int = retuned(DPOConfig, "per_device_train_batch_size", 8)
+    num_train_epochs: float = retuned(DPOConfig, "num_train_epochs", 2.0)
+    max_length: int | None = retuned(DPOConfig, "max_length", 128)
+
+    def __post_init__(self) -> None:
+        # DPO does not count its tokens: the Trainer counts the chosen and rejected sequences' non-padding ones
+        if self.include_num_input_tokens_seen in ("no", False):
+            self.include_num_input_tokens_seen = "non_padding"
+        super().__post_init__()
+
+
+@dataclass
+class PosttrainDistillationConfig(CpuDefaults, DistillationConfig):
+    output_dir: str = retuned(DistillationConfig, "output_dir", "runs/minirope-distill")
+    learning_rate: float = retuned(DistillationConfig, "learning_rate", 5e-4)
+    # forward KL: the teacher's whole distribution at every sampled position
+    beta: float = retuned(DistillationConfig, "beta", 0.0)
+    per_device_train_batch_size: int = retuned(DistillationConfig, "per_device_train_batch_size", 16)
+    max_completion_length: int | None = retuned(DistillationConfig, "max_completion_length", 64)
+    temperature: float = retuned(DistillationConfig, "temperature", 1.0)
+    max_steps: int = retuned(DistillationConfig, "max_steps", 200)
+
+
+CONFIGS = {"grpo": PosttrainGRPOConfig, "dpo": PosttrainDPOConfig, "distill": PosttrainDistillationConfig}
+
+
+@dataclass
+class MethodArgument:
+    method: str = PosttrainArguments.__dataclass_fields__["method"].default
+
+
+def method_of(argv: list[str]) -> str:
+    """The `--method` of a command line, read by the argument parser (`--method dpo`, `--method=dpo`), or the
+    `method` key of a single JSON arguments file; "grpo" when neither names one (an unknown method is refused by
+    `PosttrainArguments`)."""
+    if len(argv) == 1 and argv[0].endswith(".json") and Path(argv[0]).is_file():
+        try:
+            arguments = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            arguments = {}  # parse_cli_args reports it
+        method = arguments.get("method") if isinstance(arguments, dict) else None
+        return method if isinstance(method, str) else MethodArgument.method
+    parser = HfArgumentParser(MethodArgument, add_help=False)
+    known, _ = parser.parse_known_args(args=argv)
+    return known.method
+
+
+def parse_args(argv: list[str] | None = None) -> tuple:
+    """`PosttrainArguments` and the method's TRL config (`CONFIGS`), from `argv` (default: the command line) or a
+    JSON arguments file.
+
+    Raises:
+        ValueError: an unknown method, a flag outside its range, or a bad arguments file.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    config = CONFIGS.get(method_of(argv), CONFIGS["grpo"])
+    return parse_cli_args((PosttrainArguments, config), argv)

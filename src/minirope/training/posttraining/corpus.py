@@ -1,0 +1,149 @@
+"""Two measures against forgetting that post-training practice uses, on the user's own text:
+
+- the corpus term (`--lm_coef c`): each update also takes `c` times the language-modelling loss of `--lm_batch_size`
+  blocks of the user's pretraining text, as InstructGPT's PPO-ptx mixes pretraining gradients into PPO (Ouyang et
+  al. 2022, eq. 2). The text is `--lm_train_file` or `--lm_dataset_name`; without either, the bundled plays only
+  when the model's own run says it was trained on them (`trained_on`), otherwise the term is off. The run says which.
+- `--weight_interpolation a`: the saved weights are `start + a * (tuned - start)` (WiSE-FT, Wortsman et al. 2022).
+
+TRL offers no hook for an auxiliary loss (its `aux_loss` is a mixture-of-experts router's), so `CorpusTerm` adds
+its own backward pass after the host trainer's `training_step`, divided by the gradient-accumulation steps of the
+optimizer step: the term's gradient is the mean over the step's micro-batches, whatever the host does with its own
+loss (TRL 1.16's GRPO and distillation scale theirs inside `compute_loss`, DPO leaves it to the Trainer).
+`tests/test_posttrain.py` checks that accumulation 1 and 2 give the same update. The blocks come shuffled, from a
+data loader prepared by the trainer's accelerator (each process its share); `lm_loss` is logged with TRL's metrics.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from huggingface_hub import ModelCard
+from torch.utils.data import DataLoader
+from trl import DistillationTrainer, DPOTrainer, GRPOTrainer
+
+from minirope.training.corpus import BUNDLED_CORPUS, bundled_shards
+from minirope.training.data import TextDataArguments, data_description, training_blocks
+from minirope.training.documents import Shard
+from minirope.training.posttraining.arguments import LM_COEF, PosttrainArguments
+from minirope.training.sources import dataset_shards, file_shards
+
+
+def trained_on(model_path: str) -> str | None:
+    """What a local model folder says it was trained on: its `run_summary.json`'s `training_data`, or (folders
+    written before that key) its model card's first dataset; None for a Hub id or a folder that says nothing."""
+    folder = Path(model_path)
+    summary = folder / "run_summary.json"
+    if summary.is_file():
+        data = json.loads(summary.read_text()).get("training_data")
+        if data:
+            return data
+    card = folder / "README.md"
+    if card.is_file():
+        datasets = ModelCard.load(card).data.datasets or []
+        return datasets[0] if datasets else None
+    return None
+
+
+@dataclass
+class Corpus:
+    """The corpus term's text (`shards`, None: off), its weight and where it comes from, in words."""
+
+    shards: list[Shard] | None
+    coef: float
+    source: str
+    validation: list[Shard] | None
+
+
+def corpus_of(args: PosttrainArguments) -> Corpus:
+    """The corpus term of a run and the validation text of its bits per byte (see the module doc).
+
+    Raises:
+        ValueError: `--lm_coef` above 0 with no text to take it on; FileNotFoundError: a missing file or dataset.
+    """
+    coef = LM_COEF[args.method] if args.lm_coef is None else args.lm_coef
+    validation = file_shards(args.lm_validation_file, "text", flag="--lm_validation_file") if (
+        args.lm_validation_file) else None  # fmt: skip
+    if args.lm_train_file or args.lm_dataset_name:
+        text = TextDataArguments(train_file=args.lm_train_file, dataset_name=args.lm_dataset_name)
+        shards = file_shards(args.lm_train_file, "text", flag="--lm_train_file") if args.lm_train_file else (
+            dataset_shards(text, "train"))  # fmt: skip
+        return Corpus(shards if coef else None, coef, data_description(text), validation)
+    base = trained_on(args.model_name_or_path)
+    if base == BUNDLED_CORPUS:
+        source = f"{BUNDLED_CORPUS}, which {args.model_name_or_path} was trained on"
+        return Corpus(
+            bundled_shards("train") if coef else None, coef, source, validation or bundled_shards("validation")
+        )
+    if args.lm_coef:
+        raise ValueError(
+            f"--lm_coef {args.lm_coef} needs the text the model was pretrained on: give --lm_train_file or "
+            f"--lm_dataset_name ({args.model_name_or_path} does not say it was trained on the bundled plays)."
+        )
+    trained = f"was trained on {base}" if base else "does not say what it was trained on"
+    return Corpus(None, 0.0, f"none ({args.model_name_or_path} {trained}; --lm_train_file adds one)", validation)
+
+
+class CorpusTerm:
+    """A TRL trainer mixin: after the host's `training_step`, a backward pass of `lm_coef` times the mean
+    language-modelling loss of a batch of corpus blocks, divided by the step's gradient-accumulation count."""
+
+    corpus_batches = None
+
+    def set_corpus(self, blocks: torch.Tensor, lm_coef: float, lm_batch_size: int, seed: int) -> None:
+        """Mix `blocks` (`(N, T)` int64) into each update with weight `lm_coef`, `lm_batch_size` blocks a micro-batch,
+        reshuffled every pass (seeded)."""
+        generator = torch.Generator().manual_seed(seed)
+        loader = DataLoader(blocks, batch_size=lm_batch_size, shuffle=True, drop_last=True, generator=generator)
+        self.lm_coef, self.corpus_loader = lm_coef, self.accelerator.prepare_data_loader(loader)
+        self.corpus_batches = self.next_batches()
+
+    def next_batches(self):
+        while True:
+            yield from self.corpus_loader
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if self.corpus_batches is None:
+            return loss
+        batch = next(self.corpus_batches)
+        with self.compute_loss_context_manager():
+            lm_loss = model(input_ids=batch, labels=batch).loss
+        self.accelerator.backward(self.lm_coef * lm_loss / self.current_gradient_accumulation_steps)
+        self._metrics["train"]["lm_loss"].append(self.accelerator.gather_for_metrics(lm_loss.detach()).mean().item())
+        return loss
+
+
+class MiniRopeGRPOTrainer(CorpusTerm, GRPOTrainer):
+    """TRL's `GRPOTrainer`, with the corpus term of `CorpusTerm`."""
+
+
+class MiniRopeDPOTrainer(CorpusTerm, DPOTrainer):
+    """TRL's `DPOTrainer`, with the corpus term of `CorpusTerm`."""
+
+
+class MiniRopeDistillationTrainer(CorpusTerm, DistillationTrainer):
+    """TRL's `DistillationTrainer`, with the corpus term of `CorpusTerm`."""
+
+
+TRAINERS = {"grpo": MiniRopeGRPOTrainer, "dpo": MiniRopeDPOTrainer, "distill": MiniRopeDistillationTrainer}
+
+
+def add_corpus(trainer, corpus: Corpus, args: PosttrainArguments, seed: int) -> None:
+    """Tokenize the corpus into blocks of the model's context (each document whole, `training_blocks`) and hand them
+    to `trainer` (nothing for a run without a corpus term)."""
+    if corpus.shards is None:
+        return
+    tokenizer, context = trainer.processing_class, trainer.model.config.max_position_embeddings
+    blocks = training_blocks(corpus.shards, tokenizer, TextDataArguments(block_size=context), seed)
+    trainer.set_corpus(blocks.with_format("torch")[:]["input_ids"], corpus.coef, args.lm_batch_size, seed)
+
+
+@torch.no_grad()
+def interpolate_weights(model, start: dict[str, torch.Tensor], weight: float) -> None:
+    """Set each parameter to `start + weight * (tuned - start)` in place (WiSE-FT); `weight == 1` leaves it."""
+    if weight == 1:
+        return
+    for name, param in model.named_parameters():
+        param.copy_(start[name] + weight * (param - start[name]))

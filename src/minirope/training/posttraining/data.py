@@ -1,0 +1,201 @@
+"""The rows a post-training run trains on and the prompts it is measured on, in TRL's standard formats.
+
+- grpo, distill: prompt-only rows, `{"prompt": "What is 37 + 48?"}` or conversational
+  `{"prompt": [{"role": "user", "content": ...}]}`; every other column (a `solution`, say) is kept and reaches the
+  rewards as a keyword argument, as in TRL.
+- dpo: preference rows, `{"prompt", "chosen", "rejected"}`, or with an implicit prompt `{"chosen", "rejected"}`
+  (TRL extracts the shared start); without data, pairs from the model's own ranked samples
+  (`minirope.training.posttraining.rewards.own_pairs`).
+
+They come from `--dataset_name` (a folder saved by `datasets`, a folder of data files or a Hub id, with
+`--dataset_config`, `--dataset_train_split`, `--dataset_test_split`, as `trl grpo` takes them) or from
+`--train_file`/`--validation_file`. The held-out prompts are the test split's; a dataset without one has its first
+`--validation_split_percentage` % of rows held out, never trained on (`minirope.training.data.hold_out`). With no data
+at all, the run is the verse task (`minirope.training.posttraining.verse`) and says so.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from transformers import PreTrainedTokenizerBase
+from trl.data_utils import is_conversational, maybe_extract_prompt
+
+from minirope.training.corpus import BUNDLED_CORPUS
+from minirope.training.data import first_rows, hold_out
+from minirope.training.documents import expand_files
+from minirope.training.posttraining.arguments import PosttrainArguments
+from minirope.training.posttraining.verse import training_prompts, validation_headers
+
+PAIR_COLUMNS = ("chosen", "rejected")
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+VERSE_EVAL_PROMPTS = 16
+
+
+@dataclass
+class TaskData:
+    """What a run trains on and is measured on.
+
+    Attributes:
+        train: the training rows (prompts, or preference pairs); None where dpo builds its pairs from the model's
+            own samples of `pair_prompts`.
+        held_out: the measured prompts, `prompt` and the data's other columns (never trained on).
+        pair_prompts: dpo without pairs: the prompts to sample and rank (with their columns).
+        source: the data's name for the card and the summary.
+        verse: the verse task (no data given).
+    """
+
+    train: Dataset | None
+    held_out: Dataset
+    pair_prompts: Dataset | None
+    source: str
+    verse: bool
+
+
+def load_task_data(args: PosttrainArguments, seed: int) -> TaskData:
+    """The run's `TaskData` from its flags (see the module doc).
+
+    Raises:
+        ValueError, FileNotFoundError: a missing dataset, file or split, a row format the method does not take,
+            or too few rows to hold out.
+    """
+    if args.verse_task:
+        return verse_data(args, seed)
+    splits, source = load_splits(args)
+    train = splits["train"]
+    # dpo takes preference rows, or prompts whose own samples it ranks into pairs
+    pairs = args.method == "dpo" and any(column in train.column_names for column in PAIR_COLUMNS)
+    check_columns(train, pairs, args.method, f"{source} {args.dataset_train_split}")
+    held_out = splits.get("test")
+    if held_out is None:
+        split = hold_out(train, args.validation_split_percentage, "rows")
+        train, held_out = split["train"], split["validation"]
+    else:
+        check_columns(held_out, pairs, args.method, f"{source} {args.dataset_test_split}")
+    held_out = first_rows(prompts_of_pairs(held_out) if pairs else held_out, args.eval_prompts)
+    if pairs:
+        return TaskData(train, held_out, None, source, verse=False)
+    prompts = first_rows(train, args.num_prompts)
+    if args.method == "dpo":
+        return TaskData(None, held_out, prompts, source, verse=False)
+    return TaskData(prompts, held_out, None, source, verse=False)
+
+
+def verse_data(args: PosttrainArguments, seed: int) -> TaskData:
+    """The verse task: prompts from the training plays (dpo: to sample its own pairs), the validation plays' speaker
+    headers held out."""
+    prompts = Dataset.from_dict({"prompt": training_prompts(args.num_prompts, seed)})
+    held_out = Dataset.from_dict({"prompt": validation_headers(args.eval_prompts or VERSE_EVAL_PROMPTS)})
+    if args.method == "dpo":
+        return TaskData(None, held_out, prompts, BUNDLED_CORPUS, verse=True)
+    return TaskData(prompts, held_out, None, BUNDLED_CORPUS, verse=True)
+
+
+def load_splits(args: PosttrainArguments) -> tuple[dict[str, Dataset], str]:
+    """`({"train": rows[, "test": rows]}, name)` from `--dataset_name` and its splits, or from the files.
+
+    Raises:
+        ValueError, FileNotFoundError: naming the dataset, file or split.
+    """
+    if args.train_file:
+        files = {"train": expand_files(args.train_file, flag="--train_file")}
+        if args.validation_file:
+            files["test"] = expand_files(args.validation_file, flag="--validation_file")
+        return {split: read_files(paths) for split, paths in files.items()}, ", ".join(
+            Path(path).name for path in files["train"]
+        )
+    dataset = open_dataset(args.dataset_name, args.dataset_config)
+    name = args.dataset_name + (f" ({args.dataset_config})" if args.dataset_config else "")
+    if args.dataset_train_split not in dataset:
+        raise ValueError(
+            f"--dataset_name {name} has no split {args.dataset_train_split!r} (splits: {', '.join(dataset)}): pass "
+            f"--dataset_train_split."
+        )
+    splits = {"train": dataset[args.dataset_train_split]}
+    if args.dataset_test_split in dataset and args.dataset_test_split != args.dataset_train_split:
+        splits["test"] = dataset[args.dataset_test_split]
+    return splits, name
+
+
+def open_dataset(name: str, config: str | None) -> DatasetDict:
+    """A `DatasetDict`: a folder written by `save_to_disk`, or whatever `datasets.load_dataset` loads (a folder of data
+    files, a Hub id).
+
+    Raises:
+        FileNotFoundError: neither (the first line of `datasets`' reason).
+    """
+    folder = Path(name)
+    if (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file():
+        dataset = load_from_disk(str(folder))
+        return dataset if isinstance(dataset, DatasetDict) else DatasetDict({"train": dataset})
+    try:
+        return load_dataset(name, config)
+    except FileNotFoundError as error:
+        reason = (str(error).strip().splitlines() or ["not found"])[0]
+        raise FileNotFoundError(
+            f"--dataset_name {name}: no such dataset folder, and none on the Hub ({reason}): check the name, or give "
+            f"--train_file."
+        ) from None
+
+
+def read_files(paths: list[str]) -> Dataset:
+    """The rows of `.jsonl`/`.json`/`.parquet` files, with `datasets`' json or parquet builder.
+
+    Raises:
+        ValueError: another suffix, files of two kinds, or a file `datasets` cannot read (its first line).
+    """
+    builders = {BUILDERS.get(Path(path).suffix) for path in paths}
+    if None in builders or len(builders) > 1:
+        raise ValueError(f"data files must be all .jsonl/.json or all .parquet, got {', '.join(paths)}.")
+    try:
+        return load_dataset(builders.pop(), data_files=paths, split="train")
+    except Exception as error:  # datasets' reader errors have many types; any is a bad file
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ValueError(f"cannot read {', '.join(paths)} as rows: {reason}") from None
+
+
+def check_columns(rows: Dataset, pairs: bool, method: str, where: str) -> None:
+    """The columns the rows need, in every row: `chosen` and `rejected` (preference pairs) or `prompt`.
+
+    Raises:
+        ValueError: no rows, a missing column (naming the columns there are and the format), or a row without a
+            value.
+    """
+    needed = PAIR_COLUMNS if pairs else ("prompt",)
+    form = (
+        "TRL's preference format: {prompt, chosen, rejected} or {chosen, rejected}"
+        if pairs
+        else "TRL's prompt-only format: {prompt} rows, plain text or a list of messages"
+        + (", or preference pairs" if method == "dpo" else "")
+    )
+    if not len(rows):
+        raise ValueError(f"{where} holds no rows: {method} takes {form}.")
+    for column in needed:
+        if column not in rows.column_names:
+            raise ValueError(f"{where} has no {column!r} column (columns: {rows.column_names}): {method} takes {form}.")
+        missing = next((index for index, value in enumerate(rows[column]) if not value), None)
+        if missing is not None:
+            raise ValueError(f"{where} row {missing + 1} has no {column!r}: {method} takes {form}.")
+
+
+def prompts_of_pairs(pairs: Dataset) -> Dataset:
+    """The prompts of preference rows (an implicit prompt extracted as TRL does) with their other columns, the
+    completions dropped."""
+    if "prompt" not in pairs.column_names:
+        pairs = pairs.map(maybe_extract_prompt)
+    return pairs.remove_columns([column for column in PAIR_COLUMNS if column in pairs.column_names])
+
+
+def check_chat_template(data: TaskData, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Conversational prompts are rendered with the tokenizer's chat template, by TRL and by the measures.
+
+    Raises:
+        ValueError: conversational rows and a tokenizer without a chat template.
+    """
+    rows = data.train if data.train is not None and "prompt" in data.train.column_names else data.held_out
+    if is_conversational(rows[0]) and tokenizer.chat_template is None:
+        raise ValueError(
+            "the data is conversational (lists of messages) but the model's tokenizer has no chat template: "
+            "fine-tune it on conversations first (minirope-finetune with {messages} rows adds one), or give plain-text "
+            "prompts."
+        )

@@ -1,0 +1,168 @@
+"""What a post-training run bought and what it cost, measured the same way before and after.
+
+On the held-out prompts (never trained on; `minirope.training.posttraining.data`):
+
+- each reward's mean over one **greedy** completion per prompt (for a task with one right answer, the exact-match
+  accuracy) and over `--eval_samples_per_prompt` **sampled** ones (temperature 0.8, top_k 50, the run's seed, whatever
+  the folder's generation config says), the rewards called as TRL calls them (`call_reward`), `None` values left out;
+- the share of distinct sampled completions (a policy that collapses onto one answer shows here);
+- bits per byte of the validation text, when there is one (`--lm_validation_file`, or the bundled validation plays
+  for a model trained on them), each document tokenized whole, as `minirope-pretrain` reports it;
+- for the verse task, the share of sampled lines that scan and are distinct (`verse_measure`).
+"""
+
+import tempfile
+from dataclasses import dataclass, field
+
+import torch
+from datasets import Dataset
+from transformers import PreTrainedTokenizerBase, TrainingArguments
+from trl.data_utils import is_conversational
+
+from minirope.training.data import validation_windows
+from minirope.training.documents import Shard
+from minirope.training.posttraining.rewards import call_reward, reward_name
+from minirope.training.posttraining.verse import VerseMeasure, verse_measure
+from minirope.training.trainer import MiniRopeTrainer
+
+SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 1.0}
+GREEDY = {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
+METRIC = "eval_bits_per_byte"
+
+
+@dataclass
+class Samples:
+    """Completions of prompts: `per_prompt` of each of `prompt_rows`, in order (`completions[i * per_prompt + k]`
+    answers `prompt_rows[i]`); `rows` repeats each row once per completion, as TRL hands rows to its rewards."""
+
+    prompt_rows: list[dict]
+    per_prompt: int
+    completions: list
+    completion_ids: list[list[int]]
+
+    @property
+    def rows(self) -> Dataset:
+        return Dataset.from_list([row for row in self.prompt_rows for _ in range(self.per_prompt)])
+
+
+def prompt_text(prompt, tokenizer: PreTrainedTokenizerBase) -> str:
+    """A prompt as the model reads it: plain text as it is, a conversation through the chat template with the
+    assistant's turn opened (as TRL renders conversational prompts)."""
+    if isinstance(prompt, str):
+        return prompt
+    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+
+@torch.no_grad()
+def sample(
+    model, tokenizer, rows: Dataset, per_prompt: int, max_new_tokens: int, seed: int, settings: dict, batch: int = 256
+) -> Samples:
+    """`per_prompt` completions of each row's `prompt` with `generate()` and `settings` (`SAMPLING` or `GREEDY`),
+    seeded; prompts go left-padded, as many at a time as make at most `batch` sequences. A completion is decoded
+    without special tokens and ends at the first end-of-sequence token; conversational prompts get conversational
+    completions (`[{"role": "assistant", "content": text}]`), as TRL gives them to rewards."""
+    model.eval()
+    torch.manual_seed(seed)
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    prompt_rows = rows.to_list()
+    conversational = bool(prompt_rows) and is_conversational(prompt_rows[0])
+    ids = []
+    try:
+        step = max(1, batch // per_prompt)
+        for first in range(0, len(prompt_rows), step):
+            prompts = [prompt_text(row["prompt"], tokenizer) for row in prompt_rows[first : first + step]]
+            inputs = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
+            out = model.generate(**inputs, **settings, max_new_tokens=max_new_tokens, num_return_sequences=per_prompt,
+                                 pad_token_id=pad)  # fmt: skip
+            for row in out[:, inputs["input_ids"].shape[1] :].tolist():
+                ids.append(row[: row.index(eos)] if eos in row else row)
+    finally:
+        tokenizer.padding_side = side
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
+    return Samples(prompt_rows, per_prompt, completions, ids)
+
+
+def reward_means(rewards: list, samples: Samples) -> dict[str, float | None]:
+    """Each reward's mean over `samples`, `None` values (TRL's "does not apply") left out; None if all are."""
+    means = {}
+    for reward in rewards:
+        values = [value for value in call_reward(reward, samples.rows, samples.completions, samples.completion_ids)
+                  if value is not None]  # fmt: skip
+        means[reward_name(reward)] = sum(values) / len(values) if values else None
+    return means
+
+
+def text_of(completion) -> str:
+    return completion if isinstance(completion, str) else completion[-1]["content"]
+
+
+def bits_per_byte(model, tokenizer, shards: list[Shard]) -> float:
+    """Whole-text bits per byte of `shards`, each document in windows of the model's context
+    (`minirope.training.metrics`), as `minirope-pretrain` reports it. Writes nothing."""
+    windows = validation_windows(shards, tokenizer, model.config.max_position_embeddings)
+    with tempfile.TemporaryDirectory() as scratch:
+        args = TrainingArguments(output_dir=scratch, per_device_eval_batch_size=32, report_to="none")
+        trainer = MiniRopeTrainer(model=model, args=args, processing_class=tokenizer, eval_dataset=windows)
+        return trainer.evaluate()[METRIC]
+
+
+@dataclass
+class TaskMeasure:
+    """One side (before or after) of a run's measures; see the module doc."""
+
+    prompts: int
+    greedy: dict[str, float | None]
+    sampled: dict[str, float | None]
+    distinct_share: float
+    bits_per_byte: float | None
+    verse: VerseMeasure | None
+    samples: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {
+            "prompts": self.prompts,
+            "rewards_greedy": self.greedy,
+            "rewards_sampled": self.sampled,
+            "distinct_completions_share": self.distinct_share,
+            "validation_bits_per_byte": self.bits_per_byte,
+            **(self.verse.as_dict() if self.verse else {}),
+        }
+
+    def line(self) -> str:
+        """The measures in a few words, for the run's printed lines."""
+        number = lambda value: "n/a" if value is None else f"{value:.3f}"  # noqa: E731
+        parts = [f"{name} {number(value)} greedy, {number(self.sampled[name])} sampled"
+                 for name, value in self.greedy.items()]  # fmt: skip
+        parts.append(f"{self.distinct_share:.1%} distinct")
+        if self.verse:
+            parts.append(f"{self.verse.scan_share:.1%} of {self.verse.lines} lines scan")
+        if self.bits_per_byte is not None:
+            parts.append(f"validation {self.bits_per_byte:.4f} bits/byte")
+        return ", ".join(parts)
+
+
+def measure_task(model, tokenizer, held_out: Dataset, rewards: list, args, seed: int, text: list[Shard] | None,
+                 verse: bool) -> TaskMeasure:  # fmt: skip
+    """The measures of `model` on the `held_out` prompts (see the module doc); `args` gives
+    `eval_samples_per_prompt` and `eval_max_new_tokens`, `text` the validation text (None: not measured)."""
+    tokens = args.eval_max_new_tokens
+    greedy = sample(model, tokenizer, held_out, 1, tokens, seed, GREEDY)
+    sampled = sample(model, tokenizer, held_out, args.eval_samples_per_prompt, tokens, seed, SAMPLING)
+    texts = [text_of(completion) for completion in sampled.completions]
+    per_prompt = sampled.per_prompt
+    examples = [
+        {"prompt": row["prompt"], "greedy": text_of(greedy.completions[index]), "sampled": texts[index * per_prompt]}
+        for index, row in enumerate(held_out.to_list()[:16])
+    ]
+    return TaskMeasure(
+        prompts=len(held_out),
+        greedy=reward_means(rewards, greedy),
+        sampled=reward_means(rewards, sampled),
+        distinct_share=len(set(texts)) / max(1, len(texts)),
+        bits_per_byte=bits_per_byte(model, tokenizer, text) if text else None,
+        verse=verse_measure(texts) if verse else None,
+        samples=examples,
+    )

@@ -1,0 +1,113 @@
+"""Rewards wired as TRL wires them: found by name or import path, called with TRL's keyword arguments, checked on the
+model's own samples before any training, and used to rank dpo's pairs.
+
+TRL's `GRPOTrainer` calls each reward as `reward(prompts=..., completions=..., completion_ids=..., **columns)`, where
+`columns` holds every other column of the batch's rows, one value per completion (a `solution`, say), and accepts a
+list of one float (or `None`, "does not apply") per completion. `call_reward` makes the same call, so a reward that
+passes the check here works in TRL's loop, and the measures score completions exactly as training does.
+"""
+
+import importlib
+import os
+import sys
+
+from datasets import Dataset
+
+from minirope.rewards import REWARDS
+
+# TRL's reward registry (`trl grpo --reward_funcs NAME`); they read conversational completions, and accuracy_reward
+# a `solution` column and the math_verify package.
+TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
+
+
+def resolve_reward(name: str):
+    """A reward function by name: minirope's (`minirope.rewards.REWARDS`), TRL's registry (`trl.rewards`), or a dotted
+    import path, imported with the working directory on `sys.path`, as TRL's own `trl grpo --reward_funcs` does.
+
+    Raises:
+        ValueError: no reward has that name or path (naming the known names), or the module fails to import (the
+            error raised inside it, as itself).
+    """
+    if name in REWARDS:
+        return REWARDS[name]
+    if name in TRL_REWARDS:
+        import trl.rewards
+
+        return getattr(trl.rewards, name)
+    module_name, _, attribute = name.rpartition(".")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    reward = None
+    try:
+        reward = getattr(importlib.import_module(module_name), attribute, None) if module_name else None
+    except ModuleNotFoundError as error:
+        if not module_name.startswith(str(error.name)):  # a module the user's module imports is missing
+            raise ValueError(f"--reward_funcs {name}: importing {module_name} failed: {error}") from None
+    except Exception as error:  # an error inside the user's module, reported as itself
+        raise ValueError(
+            f"--reward_funcs {name}: importing {module_name} failed: {type(error).__name__}: {error}"
+        ) from None
+    if not callable(reward):
+        known = [*REWARDS, *TRL_REWARDS]
+        raise ValueError(
+            f"--reward_funcs {name!r} is not a reward: give one of {', '.join(known)} or an import path "
+            f"(my_module.my_reward, from the working directory) of a function (prompts, completions, **kwargs) -> "
+            f"list[float]."
+        )
+    return reward
+
+
+def reward_name(reward) -> str:
+    return getattr(reward, "__name__", type(reward).__name__)
+
+
+def call_reward(reward, rows: Dataset, completions: list, completion_ids: list[list[int]]) -> list:
+    """`reward`'s values for `completions`, where completion `i` answers `rows[i]`, called as TRL calls it: the rows'
+    `prompt`s as `prompts`, the completions, their token ids, and every other column as a keyword argument."""
+    columns = {column: rows[column] for column in rows.column_names if column != "prompt"}
+    return reward(prompts=rows["prompt"], completions=completions, completion_ids=completion_ids, **columns)
+
+
+def check_rewards(rewards: list, rows: Dataset, completions: list, completion_ids: list[list[int]]) -> None:
+    """Call each reward on the model's own samples before training, as TRL will (`call_reward`).
+
+    Raises:
+        ValueError: a reward that fails, or returns other than one number (or None, TRL's "does not apply") per
+            completion, or None for every one, naming it.
+    """
+    for reward in rewards:
+        name = reward_name(reward)
+        try:
+            values = call_reward(reward, rows, completions, completion_ids)
+        except Exception as error:  # a user's function: any failure is reported as its own
+            raise ValueError(f"reward {name} failed on the model's samples: {type(error).__name__}: {error}") from None
+        numbers = isinstance(values, list | tuple) and len(values) == len(completions)
+        if not numbers or not all(value is None or isinstance(value, int | float) for value in values):
+            raise ValueError(
+                f"reward {name} returned {str(values)[:80]} for {len(completions)} completions: a reward must "
+                f"return a list of one number (float) per completion, or None where it does not apply."
+            )
+        if all(value is None for value in values):
+            raise ValueError(
+                f"reward {name} returned None for all {len(completions)} completions: it applies to none of these "
+                f"rows (does the data have the columns it reads?)."
+            )
+
+
+def own_pairs(samples, reward, margin: float = 0.0) -> list[dict]:
+    """Preference pairs from the model's own samples (`minirope.training.posttraining.measures.Samples`, several
+    completions of each prompt): each prompt's completions ranked by `reward` (`call_reward`); the best is chosen and
+    the worst rejected, where the best scores higher by at least `margin`. Each pair keeps its row's other columns."""
+    pairs = []
+    per_prompt = samples.per_prompt
+    values = call_reward(reward, samples.rows, samples.completions, samples.completion_ids)
+    for index in range(len(samples.prompt_rows)):
+        first = index * per_prompt
+        scored = [(values[first + k], k) for k in range(per_prompt) if values[first + k] is not None]
+        if len(scored) < 2:
+            continue
+        (best_score, best), (worst_score, worst) = max(scored), min(scored)
+        if best_score > worst_score and best_score - worst_score >= margin:
+            texts = samples.completions[first : first + per_prompt]
+            pairs.append({**samples.prompt_rows[index], "chosen": texts[best], "rejected": texts[worst]})
+    return pairs

@@ -1,0 +1,66 @@
+"""The verse task of post-training: prompts from the bundled plays, the model's lines sampled and scored with a reward
+(`minirope.rewards`), and preference pairs built from them.
+
+A prompt is the start of a speech, as the corpus writes it: the speaker's header, and for half of the speeches of
+the training plays its first line too (`SPEAKER:\\n` or `SPEAKER:\\nline\\n`). Training prompts come from the training
+plays only; the measurement's prompts are headers of the validation plays, so a post-trained model is measured on
+speakers it was not tuned on.
+
+`verse_measure` scores the model's samples of the held-out headers (`minirope.training.posttraining.measures`):
+the share of their lines that scan and the share that are distinct.
+"""
+
+import random
+from dataclasses import dataclass
+
+from minirope.rewards import LINES_PER_COMPLETION, scans, verse_lines
+from minirope.training.corpus import shakespeare_dataset
+
+
+def _speeches(play: str) -> list[tuple[str, list[str]]]:
+    """Every speech of a play's text as (header, its lines)."""
+    pieces = (speech.strip().partition("\n") for speech in play.split("\n\n"))
+    return [(header, body.split("\n")) for header, _, body in pieces if body]
+
+
+def training_prompts(count: int, seed: int = 0) -> list[str]:
+    """`count` prompts from speeches of three or more lines in the training plays, drawn with `seed`: the header,
+    and for every other prompt the speech's first line (each ends with a newline)."""
+    plays = shakespeare_dataset()["train"]["text"]
+    speeches = [(header, lines) for play in plays for header, lines in _speeches(play) if len(lines) >= 3]
+    chosen = random.Random(seed).sample(speeches, min(count, len(speeches)))
+    return [f"{header}\n" + (f"{lines[0]}\n" if index % 2 else "") for index, (header, lines) in enumerate(chosen)]
+
+
+def validation_headers(count: int) -> list[str]:
+    """The first `count` distinct speaker headers (`NAME:\\n`) of speeches of three or more lines in the validation
+    plays, taken from the plays in turn."""
+    texts = shakespeare_dataset()["validation"]["text"]
+    plays = [[header for header, lines in _speeches(play) if len(lines) >= 3] for play in texts]
+    headers: list[str] = []
+    for row in range(max(map(len, plays), default=0)):
+        for play in plays:
+            if row < len(play) and f"{play[row]}\n" not in headers and len(headers) < count:
+                headers.append(f"{play[row]}\n")
+    return headers
+
+
+@dataclass
+class VerseMeasure:
+    """What `verse_measure` found: lines scored, the share that scan, the share that are distinct."""
+
+    lines: int
+    scan_share: float
+    distinct_share: float
+
+    def as_dict(self) -> dict:
+        return {"lines": self.lines, "scan_share": self.scan_share, "distinct_share": self.distinct_share}
+
+
+def verse_measure(completions: list[str]) -> VerseMeasure:
+    """Score the first three verse lines of each completion: the share that scan (`minirope.rewards.scans`) and the
+    share that are distinct (0 lines: zeros)."""
+    lines = [line for text in completions for line in verse_lines(text, LINES_PER_COMPLETION)]
+    if not lines:
+        return VerseMeasure(0, 0.0, 0.0)
+    return VerseMeasure(len(lines), sum(map(scans, lines)) / len(lines), len(set(lines)) / len(lines))
