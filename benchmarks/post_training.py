@@ -79,11 +79,18 @@ def run_one(name: str, flags: str, base: str, runs: Path) -> dict:
     }
 
 
+def validation_bits_per_byte(model, tokenizer) -> float:
+    """Whole-text bits per byte of the bundled validation plays, as `minirope-posttrain` measures it."""
+    from minirope.training.corpus import bundled_shards
+    from minirope.training.posttraining.measures import bits_per_byte
+
+    return bits_per_byte(model, tokenizer, bundled_shards("validation"))
+
+
 def lm_baseline(name: str, record: dict, runs: Path) -> dict:
     """A distillation run's baseline without the teacher: the same student, steps, batch, learning rate and schedule,
     trained on the training plays' text (`minirope-finetune`, language-modelling loss, blocks of the model's context),
     scored with the same whole-text validation bits per byte."""
-    from minirope.commands.posttrain import validation_bits_per_byte
     from minirope.folders import ModelArguments, load_causal_lm
     from minirope.training.corpus import shakespeare_dataset
 
@@ -118,11 +125,12 @@ def lm_baseline(name: str, record: dict, runs: Path) -> dict:
 
 def interpolate(record: dict, alphas: list[float], args) -> dict:
     """The verse measure and bits per byte of `start + a * (tuned - start)` for each `a`, from the run's folder."""
-    from minirope.training.verse import measure_verse
+    from datasets import Dataset
 
-    from minirope.commands.posttrain import validation_bits_per_byte
     from minirope.folders import ModelArguments, load_causal_lm
-    from minirope.training.posttraining import interpolate_weights
+    from minirope.training.posttraining.corpus import interpolate_weights
+    from minirope.training.posttraining.measures import SAMPLING, sample
+    from minirope.training.posttraining.verse import validation_headers, verse_measure
 
     base, tokenizer = load_causal_lm(ModelArguments(record["base_model"]))
     start = {name: param.detach().clone() for name, param in base.named_parameters()}
@@ -130,9 +138,9 @@ def interpolate(record: dict, alphas: list[float], args) -> dict:
     for alpha in alphas:
         model, _ = load_causal_lm(ModelArguments(record["folder"]))
         interpolate_weights(model, start, alpha)
-        verse = measure_verse(
-            model, tokenizer, args.eval_prompts, args.eval_samples_per_prompt, args.eval_max_new_tokens
-        )
+        headers = Dataset.from_dict({"prompt": validation_headers(args.eval_prompts)})
+        samples = sample(model, tokenizer, headers, args.eval_samples_per_prompt, args.eval_max_new_tokens, 0, SAMPLING)
+        verse = verse_measure(samples.completions)
         bits = validation_bits_per_byte(model, tokenizer)
         points[str(alpha)] = {**verse.as_dict(), "validation_bits_per_byte": bits}
         print(f"{alpha}: {verse.scan_share:.1%} scan, {verse.distinct_share:.1%} distinct, {bits:.4f} bits/byte")

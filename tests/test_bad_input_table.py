@@ -8,10 +8,12 @@ whole folder of inputs before and after). Each fails before training, so the tab
 import hashlib
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import TINY_RUN
+from datasets import Dataset, DatasetDict
 from test_bad_input import cli_error
 
 from minirope import MiniRopeConfig
@@ -70,6 +72,12 @@ def world(tiny_pretrained, tmp_path_factory) -> Path:
         (root / name).write_text(text, encoding="utf-8")
     (root / "latin1.txt").write_bytes(PLAY.encode() + "caf\u00e9\n".encode("latin-1"))
     (root / "folder").mkdir()
+    rows = [{"prompt": "ROMEO:\n", "solution": "But"}] * 8
+    DatasetDict({"train": Dataset.from_list(rows)}).save_to_disk(str(root / "problems"))
+    (root / "broken_rewards.py").write_text("undefined_name\n\ndef exact(completions, **kwargs):\n    return [0.0]\n")
+    shutil.copytree(root / "model", root / "model-other", ignore=shutil.ignore_patterns("checkpoint-*"))
+    summary = json.loads((root / "model-other" / "run_summary.json").read_text())
+    (root / "model-other" / "run_summary.json").write_text(json.dumps({**summary, "training_data": "my.txt"}))
     (root / "notes").mkdir()  # a user's own folder: not a run
     for name in ("ideas.md", "draft.txt", "todo.txt", "plot.png"):
         (root / "notes" / name).write_text("mine\n")
@@ -124,6 +132,11 @@ def text_reward(completions, **kwargs):
     return ["good"] * len(completions)
 
 
+def none_reward(completions, **kwargs):
+    """A reward that applies to no row (imported by the table as test_bad_input_table.none_reward)."""
+    return [None] * len(completions)
+
+
 def rope(config: dict, **values) -> None:
     config["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, **values}
 
@@ -173,7 +186,7 @@ CASES = [
     (PRETRAIN, [*P, "--lr_scheduler_type", "bogus"], "bogus"),
     (PRETRAIN, [*P, "--lr_decay_ratio", "2"], "--lr_decay_ratio must be in [0, 1]"),
     (PRETRAIN, [*TINY_RUN, "--output_dir", "{w}/notes"], "--output_dir {w}/notes holds files that are not a"),
-    (PRETRAIN, [*P, *T], "Give both --train_file and --validation_file"),
+    (PRETRAIN, [*P, *T, "--validation_split_percentage", "0"], "--validation_split_percentage must be in 1..50"),
     (PRETRAIN, [*P, "--train_file", "{w}/folder", *V], "folder is a directory"),
     (PRETRAIN, [*P, "--train_file", "{w}/missing.txt", *V], "missing.txt does not exist"),
     (PRETRAIN, [*P, "--train_file", "{w}/x.csv", *V], "x.csv is not .txt, .jsonl, .json, .parquet"),
@@ -370,13 +383,35 @@ CASES = [
     (
         POSTTRAIN,
         [*GRPO, "--reward_funcs", "test_bad_input_table.text_reward"],
-        "reward text_reward returned ['good'] for 1 completions: a reward must return a list of one number",
+        "reward text_reward returned ['good', 'good'] for 2 completions: a reward must return a list of one number",
     ),
     (POSTTRAIN, [*GRPO, "--num_generations", "1"], "--num_generations must be >= 2, got 1"),
     (POSTTRAIN, [*GRPO, "--weight_interpolation", "0"], "--weight_interpolation must be in (0, 1], got 0.0"),
     (POSTTRAIN, [*GRPO, "--lm_coef", "-1"], "--lm_coef must be >= 0"),
-    (POSTTRAIN, [*DPO, "--train_file", "{w}/no-chosen.jsonl"], "no-chosen.jsonl line 2 has no 'chosen' text"),
+    (POSTTRAIN, [*DPO, "--train_file", "{w}/no-chosen.jsonl"], "no-chosen.jsonl train row 2 has no 'chosen'"),
     (POSTTRAIN, [*DPO, "--train_file", "{w}/none.jsonl"], "none.jsonl"),
+    (
+        POSTTRAIN,
+        [*GRPO, "--train_file", "{w}/text.jsonl"],
+        "text.jsonl train has no 'prompt' column (columns: ['text'])",
+    ),
+    (
+        POSTTRAIN,
+        [*GRPO, "--dataset_name", "{w}/problems", "--dataset_train_split", "training"],
+        "has no split 'training' (splits: train): pass --dataset_train_split",
+    ),  # fmt: skip
+    (POSTTRAIN, [*GRPO, "--dataset_name", "{w}/problems"], "--method grpo trains on a reward: give --reward_funcs"),
+    (
+        POSTTRAIN,
+        [*GRPO, "--dataset_name", "{w}/problems", "--reward_funcs", "test_bad_input_table.none_reward"],
+        "reward none_reward returned None for all 2 completions",
+    ),
+    (
+        POSTTRAIN,
+        [*GRPO, "--reward_funcs", "broken_rewards.exact"],
+        "--reward_funcs broken_rewards.exact: importing broken_rewards failed: NameError: name 'undefined_name'",
+    ),
+    (POSTTRAIN, [*GRPO, "--lm_coef", "0.5", "--model_name_or_path", "{w}/model-other"], "--lm_coef 0.5 needs the text"),
     (POSTTRAIN, DISTILL, "--method distill needs --teacher_model_name_or_path"),
     (POSTTRAIN, [*DISTILL, "--teacher_model_name_or_path", "{w}/none"], "'{w}/none': it does not exist"),
     (
@@ -410,6 +445,8 @@ def test_a_bad_input_is_one_line_and_changes_nothing(world, tmp_path, monkeypatc
         argv = argv[2:]
     argv = [arg.format(**names) for arg in argv]
     before = checksums(world)
+    monkeypatch.chdir(world)  # reward modules import from the working directory, as in `trl grpo`
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
     err = cli_error(MAINS[command], argv, monkeypatch, capsys)
     assert err.startswith(f"{command}: error: ") and expected.format(**names) in err, err
     assert checksums(world) == before  # no input changed, nothing written among them

@@ -1,24 +1,30 @@
 """`minirope-posttrain`: each method runs a few steps of TRL's trainer on a tiny model and writes a folder that
-`AutoModelForCausalLM` loads and generates from; TRL's own `trl grpo` command takes minirope's reward by import path;
-the pieces (prompts, pairs, interpolation, the corpus loss) against what they promise."""
+`AutoModelForCausalLM` loads and generates from; a user's task (a `datasets` folder with a `solution` column, a reward
+from the working directory) is trained and measured without the bundled plays; the corpus term gives the same update
+under gradient accumulation; TRL's own `trl grpo` command takes minirope's reward by import path; the pieces
+(prompts, pairs, interpolation) against what they promise."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 pytest.importorskip("trl")
 pytestmark = pytest.mark.client
 
-from minirope.training.verse import training_prompts, validation_headers  # noqa: E402
-
 from minirope.commands import posttrain  # noqa: E402
-from minirope.training.corpus import VALIDATION_PLAYS, shakespeare_dataset  # noqa: E402
-from minirope.training.posttraining import interpolate_weights, own_pairs, read_pairs  # noqa: E402
+from minirope.training.corpus import BUNDLED_CORPUS, VALIDATION_PLAYS, shakespeare_dataset  # noqa: E402
+from minirope.training.posttraining.arguments import PosttrainDPOConfig, parse_args  # noqa: E402
+from minirope.training.posttraining.corpus import interpolate_weights  # noqa: E402
+from minirope.training.posttraining.measures import SAMPLING, sample  # noqa: E402
+from minirope.training.posttraining.rewards import own_pairs  # noqa: E402
+from minirope.training.posttraining.verse import training_prompts, validation_headers  # noqa: E402
 
 # A few steps at the tiny model's size: 2 prompts x 2 completions of 8 tokens a step, 2 x 2 samples measured.
 TINY_POST = [
@@ -28,6 +34,12 @@ TINY_POST = [
 TINY_GRPO = ["--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "8"]
 # A reward with spread on a tiny model's text (its lines never scan): longer completions score higher.
 LENGTH_REWARD = "def length_reward(completions, **kwargs):\n    return [float(len(c)) for c in completions]\n"
+# A user's task: rows with a `solution` column, and a reward that reads it (TRL passes columns as keyword arguments).
+SOLUTION_REWARD = (
+    "def starts_right(prompts, completions, solution, **kwargs):\n"
+    "    assert len(prompts) == len(completions) == len(solution)\n"
+    "    return [float(c.strip().startswith(s)) + len(c) / 100 for c, s in zip(completions, solution)]\n"
+)
 
 
 def loads_and_generates(folder: Path) -> None:
@@ -54,17 +66,21 @@ def test_grpo_with_the_corpus_loss_and_interpolation_writes_a_model_that_loads(t
     for side in ("before", "after"):
         assert written[side]["lines"] > 0 and 0 <= written[side]["scan_share"] <= 1
         assert 0 < written[side]["distinct_share"] <= 1 and 0 < written[side]["validation_bits_per_byte"] < 20
+        assert 0 <= written[side]["rewards_sampled"]["scansion_reward"] <= 1
     assert result["after"] == written["after"]
-    assert len(written["samples"]) == 2 and written["samples"][0]["prompt"].endswith(":\n")
+    assert len(written["samples"]) == 2 and written["samples"][0]["before"]["prompt"].endswith(":\n")
+    assert written["corpus_term"]["lm_coef"] == 0.5 and BUNDLED_CORPUS in written["corpus_term"]["source"]
     card = (out / "README.md").read_text()
     assert "minirope-posttrain" in card and "GRPOTrainer" in card and "scan" in card
     logged = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert any("rewards/scansion_reward/mean" in entry for entry in logged)  # TRL's loop ran with minirope's reward
+    assert any("lm_loss" in entry for entry in logged)  # the corpus term, logged with TRL's metrics
 
 
 def test_dpo_builds_pairs_from_its_own_samples_and_writes_them(tiny_pretrained, tmp_path, monkeypatch):
     (tmp_path / "my_rewards.py").write_text(LENGTH_REWARD)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # the reward module is found in the working directory, as `trl grpo` finds it
+    monkeypatch.setattr(sys, "path", [path for path in sys.path if path not in ("", str(tmp_path))])
     out = tmp_path / "dpo"
     posttrain.run([
         "--method", "dpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
@@ -75,7 +91,7 @@ def test_dpo_builds_pairs_from_its_own_samples_and_writes_them(tiny_pretrained, 
     pairs = [json.loads(line) for line in (out / "preference_pairs.jsonl").read_text().splitlines()]
     assert pairs and all(len(pair["chosen"]) > len(pair["rejected"]) for pair in pairs)  # ranked by the reward
     assert {pair["prompt"] for pair in pairs} <= set(training_prompts(8, seed=42))  # TrainingArguments.seed
-    assert summary(out)["steps"] == 2
+    assert summary(out)["steps"] == 2 and summary(out)["tokens_seen"] > 0
 
 
 def test_dpo_trains_on_a_preference_file(tiny_pretrained, tmp_path):
@@ -102,7 +118,7 @@ def test_distillation_from_a_teacher_writes_a_model_that_loads(tiny_pretrained, 
     ])  # fmt: skip
     loads_and_generates(out)
     written = summary(out)
-    assert written["teacher"] == str(tiny_pretrained) and written["reward_funcs"] == []
+    assert written["teacher"] == str(tiny_pretrained) and written["reward_funcs"] == ["scansion_reward"]  # measured
 
 
 def test_trl_grpo_cli_runs_minirope_reward_on_a_minirope_folder(tiny_pretrained, tmp_path):
@@ -150,18 +166,95 @@ def test_interpolate_weights_moves_each_parameter_part_of_the_way():
 def test_own_pairs_keep_only_prompts_whose_samples_differ_in_reward(tiny_pretrained):
     model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
     tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
-    flat = own_pairs(model, tokenizer, ["ROMEO:\n"], 4, lambda completions, **kw: [0.0] * len(completions), 0, 8)
-    assert flat == []  # no preference without a difference
+    rows = Dataset.from_dict({"prompt": ["ROMEO:\n"], "speaker": ["ROMEO"]})
+    samples = sample(model, tokenizer, rows, 4, 8, 0, SAMPLING)
+    assert own_pairs(samples, lambda completions, **kw: [0.0] * len(completions)) == []  # no preference, no pair
     lengths = lambda completions, **kw: [len(c) for c in completions]  # noqa: E731
-    ranked = own_pairs(model, tokenizer, ["ROMEO:\n"], 4, lengths, 0, 8)
+    ranked = own_pairs(samples, lengths)
     assert len(ranked) == 1 and len(ranked[0]["chosen"]) > len(ranked[0]["rejected"])
+    assert ranked[0]["speaker"] == "ROMEO"  # the row's other columns travel with the pair
     spread = len(ranked[0]["chosen"]) - len(ranked[0]["rejected"])
-    assert own_pairs(model, tokenizer, ["ROMEO:\n"], 4, lengths, 0, 8, margin=spread) == ranked
-    assert own_pairs(model, tokenizer, ["ROMEO:\n"], 4, lengths, 0, 8, margin=spread + 1) == []
+    assert own_pairs(samples, lengths, margin=spread) == ranked
+    assert own_pairs(samples, lengths, margin=spread + 1) == []
+    columns = lambda completions, speaker, **kw: [float(s == "ROMEO") for s in speaker]  # noqa: E731
+    assert own_pairs(samples, columns) == []  # called with the row's columns, as TRL calls rewards
 
 
-def test_read_pairs_names_the_row_without_a_field(tmp_path):
-    path = tmp_path / "pairs.jsonl"
-    path.write_text(json.dumps({"prompt": "a", "chosen": "b", "rejected": "c"}) + "\n" + json.dumps({"prompt": "a"}))
-    with pytest.raises(ValueError, match="line 2 has no 'chosen' text"):
-        read_pairs(str(path))
+def test_the_method_is_parsed_from_a_json_arguments_file_and_tuned_flags_keep_trl_help(tmp_path):
+    arguments = tmp_path / "args.json"
+    arguments.write_text(json.dumps({"model_name_or_path": "m", "method": "dpo", "max_steps": 3}))
+    args, config = parse_args([str(arguments)])
+    assert args.method == "dpo" and isinstance(config, PosttrainDPOConfig) and config.max_steps == 3
+    args, config = parse_args(["--model", "m", "--method=dpo"])
+    assert isinstance(config, PosttrainDPOConfig) and config.learning_rate == 1e-4
+    help_text = PosttrainDPOConfig.__dataclass_fields__["learning_rate"].metadata["help"]
+    assert help_text and "learning rate" in help_text.lower()  # TRL's own help, kept where minirope re-defaults
+
+
+def problems_folder(root: Path, test_split: bool) -> Path:
+    """A `datasets` folder of a user's task: prompts with a `solution`, as `save_to_disk` writes it."""
+    rows = [{"prompt": f"{name.upper()}:\n", "solution": name[:2]} for name in ("romeo", "juliet", "hamlet") * 8]
+    splits = {"train": Dataset.from_list(rows)}
+    if test_split:
+        splits["test"] = Dataset.from_list(rows[:3])
+    folder = root / "problems"
+    DatasetDict(splits).save_to_disk(str(folder))
+    return folder
+
+
+def test_grpo_on_a_users_dataset_folder_with_a_reward_from_the_working_directory(tiny_pretrained, tmp_path,
+                                                                                 monkeypatch):  # fmt: skip
+    (tmp_path / "task_rewards.py").write_text(SOLUTION_REWARD)
+    monkeypatch.chdir(tmp_path)
+    folder = problems_folder(tmp_path, test_split=False)
+    base = tmp_path / "base"
+    shutil.copytree(tiny_pretrained, base)
+    run_summary = json.loads((base / "run_summary.json").read_text())
+    (base / "run_summary.json").write_text(json.dumps({**run_summary, "training_data": "my-corpus.txt"}))
+    out = tmp_path / "grpo-task"
+    posttrain.run([
+        "--method", "grpo", "--model_name_or_path", str(base), "--output_dir", str(out), *TINY_POST, *TINY_GRPO,
+        "--dataset_name", str(folder), "--reward_funcs", "task_rewards.starts_right",
+    ])  # fmt: skip
+    loads_and_generates(out)
+    written = summary(out)
+    assert written["task"] == "user data" and written["data"] == str(folder)
+    assert written["corpus_term"]["lm_coef"] == 0.0 and "my-corpus.txt" in written["corpus_term"]["source"]
+    before = written["before"]
+    assert before["prompts"] == 1 and before["validation_bits_per_byte"] is None and "scan_share" not in before
+    assert set(before["rewards_greedy"]) == {"starts_right"} and before["rewards_sampled"]["starts_right"] >= 0
+    held_out = {sample["before"]["prompt"] for sample in written["samples"]}
+    assert held_out == {"ROMEO:\n"}  # the first 5 % of the rows (at least one), never trained on
+    logged = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert any("rewards/starts_right/mean" in entry for entry in logged)
+    assert not any("lm_loss" in entry for entry in logged)  # no corpus term: the bundled plays never touched
+
+
+def test_the_corpus_term_gives_the_same_update_with_gradient_accumulation(tiny_pretrained, tmp_path, monkeypatch):
+    """With every reward equal, GRPO's advantages and so its policy gradient are zero, and beta 0 drops the KL term:
+    a plain SGD step (no clipping) then moves the weights by the corpus term alone. 4 blocks in one micro-batch
+    and 2 + 2 over two accumulated micro-batches must give the same step (TRL 1.16's GRPO scales its own loss for
+    accumulation inside compute_loss; a term added there would have weighed twice as much)."""
+    (tmp_path / "flat.py").write_text("def flat(completions, **kwargs):\n    return [1.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(shakespeare_dataset()["validation"]["text"][0][:6000])
+    common = [
+        "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), *TINY_POST, "--max_steps", "1",
+        "--reward_funcs", "flat.flat", "--beta", "0", "--optim", "sgd", "--learning_rate", "1", "--max_grad_norm", "0",
+        "--lr_scheduler_type", "constant", "--num_generations", "2", "--max_completion_length", "8",
+        "--lm_train_file", str(corpus), "--lm_coef", "1",
+    ]  # fmt: skip
+    runs = {
+        "one": ["--per_device_train_batch_size", "4", "--lm_batch_size", "4"],
+        "two": ["--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", "--lm_batch_size", "2"],
+    }
+    weights = {}
+    for name, flags in runs.items():
+        posttrain.run([*common, *flags, "--output_dir", str(tmp_path / name)])
+        weights[name] = AutoModelForCausalLM.from_pretrained(tmp_path / name).state_dict()
+    start = AutoModelForCausalLM.from_pretrained(tiny_pretrained).state_dict()
+    moved = [name for name in start if not torch.equal(start[name], weights["one"][name])]
+    assert moved  # the corpus term moved the weights
+    for name in start:
+        torch.testing.assert_close(weights["two"][name], weights["one"][name], rtol=1e-4, atol=1e-6)

@@ -10,8 +10,9 @@ Steps, each a real command in its own process:
    each), and a `datasets` folder of `{"prompt": "What is 37 + 48?", "solution": "85"}` rows whose `train` split GRPO
    trains on and whose `test` split (problems in neither) is measured.
 2. `minirope-pretrain --train_file data/pretrain.jsonl` (5 % of the blocks held out).
-3. `minirope-posttrain --method grpo --dataset_name data/problems --reward_funcs arithmetic_rewards.exact_match`, run
-   from this folder so the reward imports from the working directory, as `trl grpo` imports it.
+3. `minirope-posttrain --method grpo --dataset_name data/problems --reward_funcs arithmetic_rewards.exact_match
+   arithmetic_rewards.digit_match`, run from this folder so the rewards import from the working directory, as
+   `trl grpo` imports them.
 4. The same with `--method dpo`: pairs of the model's own samples ranked by the reward.
 Prints a table of exact-match accuracy (greedy) before and after, and writes it to `<output_dir>/arithmetic.json`.
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 from datasets import Dataset, DatasetDict
 
 HERE = Path(__file__).resolve().parent
-REWARD = "arithmetic_rewards.exact_match"
+REWARDS = ["arithmetic_rewards.exact_match", "arithmetic_rewards.digit_match"]
 
 
 def problems(seed: int) -> list[dict]:
@@ -90,20 +91,19 @@ def main() -> None:
         size = ["--max_steps", str(args.pretrain_steps), "--block_size", "128", "--sample_prompt", "What is 12 + 34?"]
         post = ["--max_steps", str(args.grpo_steps)]
         dpo = ["--num_prompts", "512"]
-    common = ["--eval_max_new_tokens", "8", "--max_completion_length", "8", "--overwrite_output_dir", "True"]
+    common = ["--eval_max_new_tokens", "8", "--overwrite_output_dir", "True", "--reward_funcs", *REWARDS]
+    post += ["--max_completion_length", "8"]
+    dpo += ["--max_length", "48"]
     model = out / "base"
-    seconds = {"pretrain": run(command("minirope-pretrain", "--train_file", str(data / "pretrain.jsonl"),
-                                       "--output_dir", str(model), "--overwrite_output_dir", "True", *size), HERE)}  # fmt: skip
+    pretrain = ["--train_file", str(data / "pretrain.jsonl"), "--output_dir", str(model), "--overwrite_output_dir",
+                "True", *size]  # fmt: skip
+    seconds = {"pretrain": run(command("minirope-pretrain", *pretrain), HERE)}
     results = {}
     for method, flags in (("grpo", post), ("dpo", dpo)):
         folder = out / method
-        argv = command("minirope-posttrain", "--method", method, "--model_name_or_path", str(model), "--dataset_name",
-                       str(data / "problems"), "--reward_funcs", REWARD, "--output_dir", str(folder), *common, *flags)  # fmt: skip
-        if method == "dpo":
-            argv.remove("--max_completion_length")
-            argv.remove("8")
-            argv += ["--max_length", "48"]
-        seconds[method] = run(argv, HERE)
+        argv = ["--method", method, "--model_name_or_path", str(model), "--dataset_name", str(data / "problems"),
+                "--output_dir", str(folder), *common, *flags]  # fmt: skip
+        seconds[method] = run(command("minirope-posttrain", *argv), HERE)
         summary = json.loads((folder / "run_summary.json").read_text())
         results[method] = {side: summary[side] for side in ("before", "after")}
     report = {"seconds": seconds, "results": results}
@@ -113,8 +113,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for method, sides in results.items():
         b, a = sides["before"], sides["after"]
-        print(f"| {method} | {b['rewards_greedy'][name]:.1%} | {a['rewards_greedy'][name]:.1%} | "
-              f"{b['rewards_sampled'][name]:.1%} | {a['rewards_sampled'][name]:.1%} | {seconds[method]:.0f} |")  # fmt: skip
+        greedy, sampled = "rewards_greedy", "rewards_sampled"
+        print(f"| {method} | {b[greedy][name]:.1%} | {a[greedy][name]:.1%} | {b[sampled][name]:.1%} | "
+              f"{a[sampled][name]:.1%} | {seconds[method]:.0f} |")  # fmt: skip
     print(f"pretraining: {seconds['pretrain']:.0f} s")
 
 

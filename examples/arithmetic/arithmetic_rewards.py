@@ -21,3 +21,15 @@ def exact_match(completions: list, solution: list[str], **kwargs) -> list[float]
     return [
         float(answer(completion) == str(expected)) for completion, expected in zip(completions, solution, strict=True)
     ]
+
+
+def digit_match(completions: list, solution: list[str], **kwargs) -> list[float]:
+    """Partial credit: the share of the solution's digits that the answer has in the same place, counted from the
+    right (`85` for `86`: 0.5), 0 for an answer of another length. Denser than `exact_match`, so GRPO's completions
+    of one prompt differ in reward more often; its maximum, 1.0, is the exact answer."""
+    rewards = []
+    for completion, expected in zip(completions, solution, strict=True):
+        got, expected = answer(completion), str(expected)
+        same = got is not None and len(got) == len(expected)
+        rewards.append(sum(a == b for a, b in zip(got, expected, strict=True)) / len(expected) if same else 0.0)
+    return rewards

@@ -57,14 +57,17 @@ def prepare(args, config) -> Setup:
     teacher_path = getattr(config, "teacher_model_name_or_path", None)
     if args.method == "distill" and not teacher_path:
         raise ValueError("--method distill needs --teacher_model_name_or_path: the folder of the teacher.")
-    names = args.reward_funcs or ([VERSE_REWARD] if args.verse_task else [])
-    if not names and (args.method == "grpo" or (args.method == "dpo" and not args.verse_task)):
-        raise ValueError(f"--method {args.method} on your data needs --reward_funcs: a reward by name or import path "
-                         f"(my_rewards.exact_match, a function (prompts, completions, **columns) -> list[float]).")  # fmt: skip
     inputs = {"--model_name_or_path": args.model_name_or_path, "--teacher_model_name_or_path": teacher_path}
     check_output(config.output_dir, "--output_dir", inputs)
-    rewards = [resolve_reward(name) for name in names]
     data = load_task_data(args, config.seed)
+    names = args.reward_funcs or ([VERSE_REWARD] if data.verse else [])
+    if not names and (args.method == "grpo" or data.train is None):
+        what = "trains on" if args.method == "grpo" else "ranks its own samples by"
+        raise ValueError(
+            f"--method {args.method} {what} a reward: give --reward_funcs, by name or import path (my_rewards.exact, "
+            f"a function (prompts, completions, **columns) -> list[float])."
+        )
+    rewards = [resolve_reward(name) for name in names]
     corpus = corpus_of(args)
     model, tokenizer = load_causal_lm(ModelArguments(args.model_name_or_path, config.trust_remote_code))
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
@@ -74,8 +77,9 @@ def prepare(args, config) -> Setup:
     if teacher_path:
         teacher, teacher_tokenizer = load_causal_lm(ModelArguments(teacher_path, config.trust_remote_code))
         check_teacher(tokenizer, teacher_tokenizer)
+    weight = f", weight {corpus.coef}" if corpus.shards else ""
     print(f"[minirope] data: {'the verse task, ' if data.verse else ''}{data.source}; {len(data.held_out)} held-out "
-          f"prompts measured; corpus term: {corpus.source}" + (f", weight {corpus.coef}" if corpus.shards else ""))  # fmt: skip
+          f"prompts measured; corpus term: {corpus.source}{weight}")  # fmt: skip
     return Setup(model, tokenizer, teacher, rewards, data, corpus)
 
 

@@ -305,7 +305,7 @@ def run(argv: list[str] | None = None) -> dict:
     dataclasses = (ArchitectureArguments, DataArguments, PretrainingArguments)
     model_args, data_args, training_args, start = start_run(dataclasses, argv)
     check_flags(data_args, training_args, start)
-    if data_args.train_file and not (data_args.validation_file or data_args.streaming):
+    if data_args.train_file and not (data_args.validation_file or data_args.streaming or data_args.dataset_name):
         train_shards, validation_shards = file_shards(data_args.train_file, data_args.text_column), None
     else:
         train_shards, validation_shards = text_sources(data_args, streaming=data_args.streaming)
