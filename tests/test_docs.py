@@ -130,7 +130,9 @@ def run_command(command: str, servers: contextlib.ExitStack, workspace: Path) ->
         module = importlib.import_module(f"minirope.commands.{name}")
         small = SMALL[name]
         if name == "posttrain":
-            small = [*small, *SMALL_POSTTRAIN[module.method_of(words)]]
+            from minirope.training.posttraining.arguments import method_of
+
+            small = [*small, *SMALL_POSTTRAIN[method_of(words[1:])]]
         module.run([*words[1:], *small])
     elif command.startswith(SCRIPTS):
         script = words[1]

@@ -230,3 +230,41 @@ def test_a_new_run_removes_an_earlier_runs_checkpoints_and_says_so_first(tmp_pat
     assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == ["checkpoint-3"]
     state = json.loads((output_dir / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3 and state["max_steps"] == 3
+
+
+def test_one_train_file_holds_out_its_first_blocks_never_trained_on(tmp_path, tiny_pretrained):
+    """`--train_file` alone: the first `--validation_split_percentage` % of the blocks are the validation set, as
+    minirope-finetune and run_clm.py split them, and no block is in both."""
+    from minirope.training.corpus import shakespeare_dataset
+    from minirope.training.sources import file_shards
+
+    text = tmp_path / "mine.txt"
+    text.write_text(shakespeare_dataset()["validation"]["text"][0][:20000])
+    _, data_args, training_args = pretrain.parse_args(
+        [
+            "--train_file",
+            str(text),
+            "--block_size",
+            "32",
+            "--validation_split_percentage",
+            "10",
+            "--output_dir",
+            str(tmp_path / "out"),
+        ]  # fmt: skip
+    )
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
+    shards = file_shards(data_args.train_file, "text")
+    train, validation = pretrain.datasets(shards, None, tokenizer, data_args, training_args)
+    total = len(train) + len(validation)
+    assert len(validation) == round(total * 0.1) and len(train) == total - len(validation)
+    held = {tuple(row) for row in validation["input_ids"]}
+    assert not held & {tuple(row) for row in train["input_ids"]}
+
+
+def test_pretraining_on_one_file_runs_and_records_its_data(tmp_path):
+    text = tmp_path / "mine.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog.\n" * 400)
+    out = tmp_path / "run"
+    metrics = pretrain.run([*TINY_RUN, "--train_file", str(text), "--output_dir", str(out)])
+    assert metrics["eval_bits_per_byte"] > 0
+    assert json.loads((out / "run_summary.json").read_text())["training_data"] == "mine.txt"

@@ -111,6 +111,18 @@ def test_shakespeare_chat(tmp_path, tiny_pretrained):
     assert "assistant-turn loss on held-out plays" in printed and printed.count("[assistant]") == 3
 
 
+def test_arithmetic_example_pretrains_and_posttrains_on_its_own_data(tmp_path):
+    printed = run_script(
+        "examples/arithmetic/arithmetic.py", "--output_dir", tmp_path, "--small", "--methods", "grpo", timeout=600
+    )
+    report = json.loads((tmp_path / "arithmetic.json").read_text())
+    before = report["results"]["grpo"]["before"]
+    assert set(before["rewards_greedy"]) == {"exact_match", "digit_match"} and before["prompts"] == 4
+    assert "| grpo |" in printed
+    summary = json.loads((tmp_path / "grpo" / "run_summary.json").read_text())
+    assert summary["corpus_term"]["lm_coef"] == 0.0 and "pretrain.jsonl" in summary["corpus_term"]["source"]
+
+
 def test_post_training_records_runs_interpolates_and_plots(tmp_path, tiny_pretrained):
     pytest.importorskip("trl")
     small = "--max_steps 1 --num_prompts 4 --eval_prompts 1 --eval_samples_per_prompt 2 --eval_max_new_tokens 8"

@@ -75,6 +75,7 @@ def main() -> None:
     parser.add_argument("--pretrain_steps", type=int, default=600)
     parser.add_argument("--grpo_steps", type=int, default=150)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--methods", nargs="+", default=["grpo", "dpo"], choices=["grpo", "dpo"])
     args = parser.parse_args()
     out = args.output_dir.resolve()
     data = out / "data"
@@ -99,7 +100,7 @@ def main() -> None:
                 "True", *size]  # fmt: skip
     seconds = {"pretrain": run(command("minirope-pretrain", *pretrain), HERE)}
     results = {}
-    for method, flags in (("grpo", post), ("dpo", dpo)):
+    for method, flags in [(method, {"grpo": post, "dpo": dpo}[method]) for method in args.methods]:
         folder = out / method
         argv = ["--method", method, "--model_name_or_path", str(model), "--dataset_name", str(data / "problems"),
                 "--output_dir", str(folder), *common, *flags]  # fmt: skip
@@ -108,7 +109,7 @@ def main() -> None:
         results[method] = {side: summary[side] for side in ("before", "after")}
     report = {"seconds": seconds, "results": results}
     (out / "arithmetic.json").write_text(json.dumps(report, indent=2) + "\n")
-    name = REWARD.rsplit(".", 1)[1]
+    name = "exact_match"
     print("\n| method | exact match before (greedy) | after | sampled before | after | command seconds |")
     print("|---|---|---|---|---|---|")
     for method, sides in results.items():
