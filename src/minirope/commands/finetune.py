@@ -39,10 +39,9 @@ from minirope.training.data import (
     HeldOutArguments,
     TextDataArguments,
     data_description,
-    first_rows,
+    held_out_blocks,
     hold_out,
     tokenize_and_block,
-    training_blocks,
 )
 from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.output import (
@@ -200,10 +199,8 @@ def datasets_and_collator(data_args: FinetuneDataArguments, kind: str, dataset, 
         shards = play_shards(data_args.play)
         train_shards, validation = shards["train"], shards["validation"]
     elif data_args.train_file and not data_args.validation_file:
-        blocks = training_blocks(file_shards(data_args.train_file, data_args.text_column), tokenizer, data_args, seed)
-        percentage, what = data_args.validation_split_percentage, f"blocks of {data_args.block_size} tokens"
-        split = hold_out(blocks, percentage, what)
-        return split["train"], first_rows(split["validation"], data_args.max_eval_samples), default_data_collator
+        shards = file_shards(data_args.train_file, data_args.text_column)
+        return (*held_out_blocks(shards, tokenizer, data_args, seed), default_data_collator)
     elif data_args.train_file or data_args.dataset_name:
         train_shards, validation = text_sources(data_args)
     else:

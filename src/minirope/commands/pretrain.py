@@ -34,10 +34,8 @@ from minirope.training.data import (
     TextDataArguments,
     block_stream,
     data_description,
-    first_rows,
-    hold_out,
+    held_out_blocks,
     tokenize_and_block,
-    training_blocks,
     validation_windows,
 )
 from minirope.training.output import (
@@ -241,9 +239,7 @@ def pretraining_tokenizer(data_args: DataArguments, train_shards, output_dir: Pa
 def datasets(train_shards, validation, tokenizer, data_args: DataArguments, training_args: PretrainingArguments):
     """The training blocks (in memory, or a `BlockStream` with `--streaming`) and the validation windows."""
     if validation is None:  # one --train_file: its first blocks held out, as minirope-finetune and run_clm.py do
-        blocks = training_blocks(train_shards, tokenizer, data_args, training_args.seed)
-        split = hold_out(blocks, data_args.validation_split_percentage, f"blocks of {data_args.block_size} tokens")
-        return split["train"], first_rows(split["validation"], data_args.max_eval_samples)
+        return held_out_blocks(train_shards, tokenizer, data_args, training_args.seed)
     if not data_args.streaming:
         return tokenize_and_block(train_shards, validation, tokenizer, data_args, training_args.seed)
     shuffle = data_args.shuffle_buffer_size

@@ -81,7 +81,8 @@ class TextDataArguments:
 
 @dataclass
 class HeldOutArguments:
-    """The share of a lone `--train_file` held out for validation, as transformers' `run_clm.py` takes it."""
+    """The share of a lone `--train_file` held out for validation, as transformers' `run_clm.py` takes it; a mixin
+    listed before `TextDataArguments`, whose checks its `__post_init__` runs first."""
 
     validation_split_percentage: int = field(
         default=5,
@@ -155,6 +156,20 @@ def hold_out(rows: Dataset, percentage: int, what: str) -> DatasetDict:
             f"data or a --validation_file."
         )
     return DatasetDict({"train": rows.select(range(held, len(rows))), "validation": rows.select(range(held))})
+
+
+def held_out_blocks(
+    shards: list[Shard], tokenizer: PreTrainedTokenizerBase, data_args: TextDataArguments, seed: int
+) -> tuple[Dataset, Dataset]:
+    """The training blocks of `shards` (`training_blocks`) split by `--validation_split_percentage` (`hold_out`): the
+    training blocks and the first `--max_eval_samples` held-out ones. `data_args` is a `HeldOutArguments` too.
+
+    Raises:
+        ValueError: a bad document, or too few blocks to hold any out.
+    """
+    blocks = training_blocks(shards, tokenizer, data_args, seed)
+    split = hold_out(blocks, data_args.validation_split_percentage, f"blocks of {data_args.block_size} tokens")
+    return split["train"], first_rows(split["validation"], data_args.max_eval_samples)
 
 
 def document_ids(shards: list[Shard], tokenizer: PreTrainedTokenizerBase, prefix: list[int]) -> list[np.ndarray]:
