@@ -40,6 +40,16 @@ def data_kind(files: list[str], text_column: str) -> str:
     return next(iter(kinds), "text")
 
 
+def dataset_not_found(name: str, error: FileNotFoundError, instead: str) -> FileNotFoundError:
+    """The one-line error for a `--dataset_name` that `datasets` finds neither as a folder nor on the Hub: its first
+    line of reason, and the flags to give `instead`."""
+    reason = (str(error).strip().splitlines() or ["not found"])[0]
+    return FileNotFoundError(
+        f"--dataset_name {name}: no such dataset folder, and none on the Hub ({reason}): check the name, or give "
+        f"{instead}."
+    )
+
+
 def dataset_shards(args: TextDataArguments, split: str, streaming: bool = False) -> list[Shard]:
     """The `split` of `--dataset_name` as one shard: streamed with `datasets` (`streaming=True`), or loaded.
 
@@ -50,11 +60,7 @@ def dataset_shards(args: TextDataArguments, split: str, streaming: bool = False)
     try:
         dataset = load_dataset(name, args.dataset_config_name, split=split, streaming=streaming)
     except FileNotFoundError as error:
-        reason = (str(error).strip().splitlines() or ["not found"])[0]
-        raise FileNotFoundError(
-            f"--dataset_name {name}: no such dataset folder, and none on the Hub ({reason}): check the name, or give "
-            f"--train_file/--validation_file."
-        ) from None
+        raise dataset_not_found(name, error, "--train_file/--validation_file") from None
     except ValueError as error:
         if "split" not in str(error).lower():
             raise

@@ -26,6 +26,7 @@ from minirope.training.data import first_rows, hold_out
 from minirope.training.documents import expand_files
 from minirope.training.posttraining.arguments import PosttrainArguments
 from minirope.training.posttraining.verse import training_prompts, validation_headers
+from minirope.training.sources import dataset_not_found
 
 PAIR_COLUMNS = ("chosen", "rejected")
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -131,11 +132,7 @@ def open_dataset(name: str, config: str | None) -> DatasetDict:
     try:
         return load_dataset(name, config)
     except FileNotFoundError as error:
-        reason = (str(error).strip().splitlines() or ["not found"])[0]
-        raise FileNotFoundError(
-            f"--dataset_name {name}: no such dataset folder, and none on the Hub ({reason}): check the name, or give "
-            f"--train_file."
-        ) from None
+        raise dataset_not_found(name, error, "--train_file") from None
 
 
 def read_files(paths: list[str]) -> Dataset:
