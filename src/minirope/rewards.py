@@ -77,7 +77,7 @@ def verse_lines(text: str, limit: int | None = LINES_PER_COMPLETION) -> list[str
     return [line.strip() for line in lines if is_verse_line(line)][:limit]
 
 
-def _text(completion) -> str:
+def completion_text(completion) -> str:
     """A completion's text: a string (standard format), or the last message's content (conversational)."""
     if isinstance(completion, str):
         return completion
@@ -91,7 +91,8 @@ def scansion_reward(completions: list, **kwargs) -> list[float]:
     string or a list of messages. `kwargs` (TRL's prompts, completion ids, dataset columns) are ignored.
     """
     return [
-        sum(scans(line) for line in verse_lines(_text(completion))) / LINES_PER_COMPLETION for completion in completions
+        sum(scans(line) for line in verse_lines(completion_text(completion))) / LINES_PER_COMPLETION
+        for completion in completions
     ]
 
 
@@ -102,7 +103,7 @@ def syllable_closeness_reward(completions: list, **kwargs) -> list[float]:
     rarely scan; the lines it rewards most are those that scan."""
     rewards = []
     for completion in completions:
-        counts = [line_syllables(line) for line in verse_lines(_text(completion))]
+        counts = [line_syllables(line) for line in verse_lines(completion_text(completion))]
         credit = [max(0.0, 1 - abs(n - SYLLABLES_PER_LINE) / SYLLABLES_PER_LINE) for n in counts if n is not None]
         rewards.append(sum(credit) / LINES_PER_COMPLETION)
     return rewards

@@ -113,11 +113,11 @@ def own_preference_pairs(setup: Setup, args, config) -> Dataset:
         raise ValueError(f"no preference pairs: no prompt's samples differ in reward by --min_reward_margin "
                          f"{args.min_reward_margin} or more; lower it, raise --samples_per_prompt or --num_prompts, or "
                          f"give preference pairs as data.")  # fmt: skip
-    path = Path(config.output_dir) / PAIRS_FILE
+    path, dataset = Path(config.output_dir) / PAIRS_FILE, Dataset.from_list(pairs)
     path.parent.mkdir(parents=True, exist_ok=True)
-    Dataset.from_list(pairs).to_json(path, lines=True)
+    dataset.to_json(path, lines=True)
     print(f"[minirope] {len(pairs)} preference pairs from the model's own samples: {path}")
-    return Dataset.from_list(pairs)
+    return dataset
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -190,16 +190,16 @@ def report(trainer, setup: Setup, args, before, after, train_metrics: dict) -> d
     """Write the folder (model, tokenizer, card, metrics, summary, samples) and print the before -> after line."""
     config = trainer.args
     steps, base = trainer.state.global_step, args.model_name_or_path
-    from minirope.training.posttraining.corpus import trained_on
+    from minirope.training.posttraining.rewards import reward_name
 
     summary = {
         "base_model": base,
         "method": args.method,
         "data": setup.data.source,
         "task": "verse" if setup.data.verse else "user data",
-        "training_data": trained_on(base),
+        "training_data": setup.corpus.trained_on,
         "teacher": getattr(config, "teacher_model_name_or_path", None),
-        "reward_funcs": [getattr(reward, "__name__", repr(reward)) for reward in setup.rewards],
+        "reward_funcs": [reward_name(reward) for reward in setup.rewards],
         "steps": steps,
         "learning_rate": config.learning_rate,
         "batch_size": config.per_device_train_batch_size,

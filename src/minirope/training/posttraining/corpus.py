@@ -48,12 +48,14 @@ def trained_on(model_path: str) -> str | None:
 
 @dataclass
 class Corpus:
-    """The corpus term's text (`shards`, None: off), its weight and where it comes from, in words."""
+    """The corpus term's text (`shards`, None: off), its weight, where it comes from in words, the validation text of
+    bits per byte, and what the model says it was trained on (`trained_on`, carried into the run summary)."""
 
     shards: list[Shard] | None
     coef: float
     source: str
     validation: list[Shard] | None
+    trained_on: str | None
 
 
 def corpus_of(args: PosttrainArguments) -> Corpus:
@@ -65,24 +67,23 @@ def corpus_of(args: PosttrainArguments) -> Corpus:
     coef = LM_COEF[args.method] if args.lm_coef is None else args.lm_coef
     validation = file_shards(args.lm_validation_file, "text", flag="--lm_validation_file") if (
         args.lm_validation_file) else None  # fmt: skip
+    base = trained_on(args.model_name_or_path)
     if args.lm_train_file or args.lm_dataset_name:
         text = TextDataArguments(train_file=args.lm_train_file, dataset_name=args.lm_dataset_name)
         shards = file_shards(args.lm_train_file, "text", flag="--lm_train_file") if args.lm_train_file else (
             dataset_shards(text, "train"))  # fmt: skip
-        return Corpus(shards if coef else None, coef, data_description(text), validation)
-    base = trained_on(args.model_name_or_path)
+        return Corpus(shards if coef else None, coef, data_description(text), validation, base)
     if base == BUNDLED_CORPUS:
         source = f"{BUNDLED_CORPUS}, which {args.model_name_or_path} was trained on"
-        return Corpus(
-            bundled_shards("train") if coef else None, coef, source, validation or bundled_shards("validation")
-        )
+        shards = bundled_shards("train") if coef else None
+        return Corpus(shards, coef, source, validation or bundled_shards("validation"), base)
     if args.lm_coef:
         raise ValueError(
             f"--lm_coef {args.lm_coef} needs the text the model was pretrained on: give --lm_train_file or "
             f"--lm_dataset_name ({args.model_name_or_path} does not say it was trained on the bundled plays)."
         )
     trained = f"was trained on {base}" if base else "does not say what it was trained on"
-    return Corpus(None, 0.0, f"none ({args.model_name_or_path} {trained}; --lm_train_file adds one)", validation)
+    return Corpus(None, 0.0, f"none ({args.model_name_or_path} {trained}; --lm_train_file adds one)", validation, base)
 
 
 class CorpusTerm:

@@ -19,6 +19,7 @@ from datasets import Dataset
 from transformers import PreTrainedTokenizerBase, TrainingArguments
 from trl.data_utils import is_conversational
 
+from minirope.rewards import completion_text
 from minirope.training.data import validation_windows
 from minirope.training.documents import Shard
 from minirope.training.posttraining.rewards import call_reward, reward_name
@@ -87,16 +88,12 @@ def sample(
 
 def reward_means(rewards: list, samples: Samples) -> dict[str, float | None]:
     """Each reward's mean over `samples`, `None` values (TRL's "does not apply") left out; None if all are."""
-    means = {}
+    means, rows = {}, samples.rows
     for reward in rewards:
-        values = [value for value in call_reward(reward, samples.rows, samples.completions, samples.completion_ids)
+        values = [value for value in call_reward(reward, rows, samples.completions, samples.completion_ids)
                   if value is not None]  # fmt: skip
         means[reward_name(reward)] = sum(values) / len(values) if values else None
     return means
-
-
-def text_of(completion) -> str:
-    return completion if isinstance(completion, str) else completion[-1]["content"]
 
 
 def bits_per_byte(model, tokenizer, shards: list[Shard]) -> float:
@@ -151,10 +148,14 @@ def measure_task(model, tokenizer, held_out: Dataset, rewards: list, args, seed:
     tokens = args.eval_max_new_tokens
     greedy = sample(model, tokenizer, held_out, 1, tokens, seed, GREEDY)
     sampled = sample(model, tokenizer, held_out, args.eval_samples_per_prompt, tokens, seed, SAMPLING)
-    texts = [text_of(completion) for completion in sampled.completions]
+    texts = [completion_text(completion) for completion in sampled.completions]
     per_prompt = sampled.per_prompt
     examples = [
-        {"prompt": row["prompt"], "greedy": text_of(greedy.completions[index]), "sampled": texts[index * per_prompt]}
+        {
+            "prompt": row["prompt"],
+            "greedy": completion_text(greedy.completions[index]),
+            "sampled": texts[index * per_prompt],
+        }
         for index, row in enumerate(held_out.to_list()[:16])
     ]
     return TaskMeasure(
