@@ -112,6 +112,9 @@ FULLY_SHARDED = textwrap.dedent(
         saved.load_state_dict(state)
         saved.save_pretrained(out)
         json.dump({"losses": losses, "sharded": sharded if world > 1 else None}, open(out + "/fsdp.json", "w"))
+    if world > 1:  # no rank leaves while another still talks to it (gloo aborts a process exiting mid-use)
+        dist.barrier()
+        dist.destroy_process_group()
     """
 )
 
@@ -170,6 +173,8 @@ TENSOR_PARALLEL = textwrap.dedent(
     sharded = sorted(name for name, p in model.named_parameters() if type(p.data).__name__ == "DTensor")
     if dist.get_rank() == 0:
         torch.save({"loss": loss.detach(), "grads": grads, "sharded": sharded}, out)
+    dist.barrier()
+    dist.destroy_process_group()
     """
 )
 
