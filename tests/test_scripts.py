@@ -117,10 +117,25 @@ def test_arithmetic_example_pretrains_and_posttrains_on_its_own_data(tmp_path):
     )
     report = json.loads((tmp_path / "arithmetic.json").read_text())
     before = report["results"]["grpo"]["before"]
-    assert set(before["rewards_greedy"]) == {"exact_match", "digit_match"} and before["prompts"] == 4
+    assert set(before["rewards_greedy"]) == {"exact_match", "first_number"} and before["prompts"] == 4
     assert "| grpo |" in printed
     summary = json.loads((tmp_path / "grpo" / "run_summary.json").read_text())
     assert summary["corpus_term"]["lm_coef"] == 0.0 and "pretrain.jsonl" in summary["corpus_term"]["source"]
+
+
+def test_the_arithmetic_rewards_pay_only_an_answer_that_ends(monkeypatch):
+    """The example's rewards, called as TRL calls them: the exact answer alone (spaces aside) earns 1; a right
+    number followed by more text, a wrong number or no number earns 0 (the loophole of a policy that runs on);
+    first_number, the measure of the arithmetic alone, reads the first number whatever follows."""
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "arithmetic"))
+    import arithmetic_rewards as rewards
+
+    completions = [" 85", "85", "85 What is 12 + 3?", "86", "105", "", [{"role": "assistant", "content": "85 "}]]
+    solution = ["85"] * len(completions)
+    assert rewards.exact_match(completions, solution=solution, prompts=["What is 37 + 48?"] * 7) == [
+        1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0,
+    ]  # fmt: skip
+    assert rewards.first_number(completions, solution=solution) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
 
 
 def test_post_training_records_runs_interpolates_and_plots(tmp_path, tiny_pretrained):

@@ -6,15 +6,16 @@ DPO from its own ranked samples) for exact answers, measured on held-out problem
 
 Steps, each a real command in its own process:
 1. `data/`: problems `What is A + B?` / `What is A * B?` (A, B two-digit; products of a two-digit and a one-digit
-   number), split by problem: the pretraining text (`pretrain.jsonl`, one `{"text": "What is 37 + 48? 85"}` document
-   each), and a `datasets` folder of `{"prompt": "What is 37 + 48?", "solution": "85"}` rows whose `train` split GRPO
-   trains on and whose `test` split (problems in neither) is measured.
+   number), split by problem: the pretraining text (`pretrain.jsonl`, worksheets of 1 to 4 `What is 37 + 48? 85`
+   lines), and a `datasets` folder of `{"prompt": "What is 37 + 48?", "solution": "85"}` rows whose `train` split
+   GRPO trains on and whose `test` split (400 problems in neither) is measured.
 2. `minirope-pretrain --train_file data/pretrain.jsonl` (5 % of the blocks held out).
 3. `minirope-posttrain --method grpo --dataset_name data/problems --reward_funcs arithmetic_rewards.exact_match
-   arithmetic_rewards.digit_match`, run from this folder so the rewards import from the working directory, as
-   `trl grpo` imports them.
-4. The same with `--method dpo`: pairs of the model's own samples ranked by the reward.
-Prints a table of exact-match accuracy (greedy) before and after, and writes it to `<output_dir>/arithmetic.json`.
+   arithmetic_rewards.first_number --reward_weights 1 0` (GRPO trains on the first, the second is measured only),
+   run from this folder so the rewards import from the working directory, as `trl grpo` imports them.
+4. The same with `--method dpo`: pairs of the model's own samples ranked by `exact_match`.
+Prints a table of exact-match accuracy (greedy; `exact_match`: the answer alone, `first_number`: the first number
+whatever follows) before and after, and writes it to `<output_dir>/arithmetic.json`.
 """
 
 import argparse
@@ -28,7 +29,9 @@ from pathlib import Path
 from datasets import Dataset, DatasetDict
 
 HERE = Path(__file__).resolve().parent
-REWARDS = ["arithmetic_rewards.exact_match", "arithmetic_rewards.digit_match"]
+# GRPO trains on exact_match; first_number (weight 0) is measured only: the arithmetic alone, whatever follows.
+REWARDS = ["arithmetic_rewards.exact_match", "arithmetic_rewards.first_number"]
+REWARD_WEIGHTS = ["1", "0"]
 
 
 def problems(seed: int) -> list[dict]:
@@ -39,14 +42,27 @@ def problems(seed: int) -> list[dict]:
     return rows
 
 
+def worksheets(rows: list[dict], seed: int, most: int = 4) -> list[str]:
+    """`rows` as worksheets: documents of 1 to `most` problems, one `What is 37 + 48? 85` line each, the way such
+    text is found. A model pretrained on them answers a question and then, more often than not, goes on to the next
+    line: answering one question and stopping is what post-training has to teach."""
+    rng, documents, start = random.Random(seed), [], 0
+    while start < len(rows):
+        size = rng.randint(1, most)
+        documents.append("\n".join(f"{row['prompt']} {row['solution']}" for row in rows[start : start + size]))
+        start += size
+    return documents
+
+
 def write_data(folder: Path, seed: int, pretrain_share: float, test_size: int) -> None:
-    """The pretraining documents, and the post-training `datasets` folder (train/test), from disjoint problems."""
+    """The pretraining documents (worksheets), and the post-training `datasets` folder (train/test), from disjoint
+    problems."""
     rows = problems(seed)
     test, rest = rows[:test_size], rows[test_size:]
     cut = round(len(rest) * pretrain_share)
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / "pretrain.jsonl").open("w") as file:
-        file.writelines(json.dumps({"text": f"{row['prompt']} {row['solution']}"}) + "\n" for row in rest[:cut])
+        file.writelines(json.dumps({"text": sheet}) + "\n" for sheet in worksheets(rest[:cut], seed))
     DatasetDict({"train": Dataset.from_list(rest[cut:]), "test": Dataset.from_list(test)}).save_to_disk(
         str(folder / "problems")
     )
@@ -73,13 +89,13 @@ def main() -> None:
     parser.add_argument("--output_dir", type=Path, default=Path("runs/arithmetic"))
     parser.add_argument("--small", action="store_true", help="a tiny model and a few steps (the test's size)")
     parser.add_argument("--pretrain_steps", type=int, default=600)
-    parser.add_argument("--grpo_steps", type=int, default=150)
+    parser.add_argument("--grpo_steps", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--methods", nargs="+", default=["grpo", "dpo"], choices=["grpo", "dpo"])
     args = parser.parse_args()
     out = args.output_dir.resolve()
     data = out / "data"
-    write_data(data, args.seed, pretrain_share=0.7, test_size=200)
+    write_data(data, args.seed, pretrain_share=0.7, test_size=400)
     if args.small:
         size = ["--hidden_size", "32", "--intermediate_size", "64", "--num_hidden_layers", "1",
                 "--num_attention_heads", "2", "--num_key_value_heads", "1", "--block_size", "64",
@@ -90,10 +106,11 @@ def main() -> None:
                "--eval_samples_per_prompt", "2", "--samples_per_prompt", "3", "--min_reward_margin", "0"]  # fmt: skip
     else:
         size = ["--max_steps", str(args.pretrain_steps), "--block_size", "128", "--sample_prompt", "What is 12 + 34?"]
-        post = ["--max_steps", str(args.grpo_steps)]
+        post = ["--max_steps", str(args.grpo_steps), "--learning_rate", "1e-4", "--per_device_train_batch_size", "64",
+                "--num_generations", "16", "--beta", "0", "--temperature", "1.0"]  # fmt: skip
         dpo = ["--num_prompts", "512"]
     common = ["--eval_max_new_tokens", "8", "--overwrite_output_dir", "True", "--reward_funcs", *REWARDS]
-    post += ["--max_completion_length", "8"]
+    post += ["--max_completion_length", "8", "--reward_weights", *REWARD_WEIGHTS]
     dpo += ["--max_length", "48"]
     model = out / "base"
     pretrain = ["--train_file", str(data / "pretrain.jsonl"), "--output_dir", str(model), "--overwrite_output_dir",
@@ -109,14 +126,16 @@ def main() -> None:
         results[method] = {side: summary[side] for side in ("before", "after")}
     report = {"seconds": seconds, "results": results}
     (out / "arithmetic.json").write_text(json.dumps(report, indent=2) + "\n")
-    name = "exact_match"
-    print("\n| method | exact match before (greedy) | after | sampled before | after | command seconds |")
-    print("|---|---|---|---|---|---|")
+    print("\n| method | exact match before (greedy) | after | sampled before | after | first number before | after "
+          "| command seconds |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for method, sides in results.items():
         b, a = sides["before"], sides["after"]
-        greedy, sampled = "rewards_greedy", "rewards_sampled"
-        print(f"| {method} | {b[greedy][name]:.1%} | {a[greedy][name]:.1%} | {b[sampled][name]:.1%} | "
-              f"{a[sampled][name]:.1%} | {seconds[method]:.0f} |")  # fmt: skip
+        greedy, sampled, exact, first = "rewards_greedy", "rewards_sampled", "exact_match", "first_number"
+        print(
+            f"| {method} | {b[greedy][exact]:.1%} | {a[greedy][exact]:.1%} | {b[sampled][exact]:.1%} | "
+            f"{a[sampled][exact]:.1%} | {b[greedy][first]:.1%} | {a[greedy][first]:.1%} | {seconds[method]:.0f} |"
+        )
     print(f"pretraining: {seconds['pretrain']:.0f} s")
 
 

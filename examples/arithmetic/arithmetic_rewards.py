@@ -1,5 +1,6 @@
-"""The arithmetic task's reward, in TRL's signature: read from the working directory by
-`minirope-posttrain --reward_funcs arithmetic_rewards.exact_match` (and by `trl grpo` the same way).
+"""The arithmetic task's reward and measure, in TRL's signature: read from the working directory by
+`minirope-posttrain --reward_funcs arithmetic_rewards.exact_match arithmetic_rewards.first_number` (and by
+`trl grpo` the same way).
 
 TRL passes every dataset column to a reward as a keyword argument, one value per completion: here `solution`.
 """
@@ -10,26 +11,26 @@ _NUMBER = re.compile(r"-?\d+")
 
 
 def answer(completion) -> str | None:
-    """The first integer of a completion (plain text, or the last message of a conversational one), or None."""
-    text = completion if isinstance(completion, str) else completion[-1]["content"]
-    match = _NUMBER.search(text)
-    return match.group() if match else None
+    """The integer a completion (plain text, or the last message of a conversational one) answers with: the whole
+    completion, spaces around it aside; None for anything else. A number followed by more text is no answer, so
+    a policy cannot be paid for a right first number and then run on: it must answer and stop."""
+    text = (completion if isinstance(completion, str) else completion[-1]["content"]).strip()
+    return text if _NUMBER.fullmatch(text) else None
 
 
 def exact_match(completions: list, solution: list[str], **kwargs) -> list[float]:
-    """1.0 where the completion's first integer is the row's `solution`, else 0.0."""
+    """1.0 where the completion is the row's `solution` alone, else 0.0."""
     return [
         float(answer(completion) == str(expected)) for completion, expected in zip(completions, solution, strict=True)
     ]
 
 
-def digit_match(completions: list, solution: list[str], **kwargs) -> list[float]:
-    """Partial credit: the share of the solution's digits that the answer has in the same place, counted from the
-    right (`85` for `86`: 0.5), 0 for an answer of another length. Denser than `exact_match`, so GRPO's completions
-    of one prompt differ in reward more often; its maximum, 1.0, is the exact answer."""
-    rewards = []
-    for completion, expected in zip(completions, solution, strict=True):
-        got, expected = answer(completion), str(expected)
-        same = got is not None and len(got) == len(expected)
-        rewards.append(sum(a == b for a, b in zip(got, expected, strict=True)) / len(expected) if same else 0.0)
-    return rewards
+def first_number(completions: list, solution: list[str], **kwargs) -> list[float]:
+    """1.0 where the completion's first integer is the row's `solution`, whatever follows it: the arithmetic alone.
+    A measure rather than a reward (the example gives it weight 0): a policy paid by it can answer and run on."""
+    texts = [completion if isinstance(completion, str) else completion[-1]["content"] for completion in completions]
+    found = [_NUMBER.search(text) for text in texts]
+    return [
+        float(match is not None and match.group() == str(expected))
+        for match, expected in zip(found, solution, strict=True)
+    ]
