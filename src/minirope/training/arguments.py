@@ -67,6 +67,13 @@ class MiniRopeTrainingArguments(TrainingArguments):
     )
     per_device_eval_batch_size: int = 32
     lr_scheduler_type: str = "cosine"
+    hub_strategy: str = field(
+        default="end",
+        metadata={
+            "help": "With --push_to_hub: end (the finished folder, pushed once when the run ends; the default here), "
+            "every_save, checkpoint (also the last checkpoint, to resume from) or all_checkpoints."
+        },
+    )
     seed: int = 42
 
     def __post_init__(self) -> None:

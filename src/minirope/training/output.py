@@ -254,7 +254,9 @@ def finish_run(
     trainer.model.config.use_cache = True
     if trainer.model.generation_config is not None:
         trainer.model.generation_config.use_cache = True
-    trainer.save_model(str(staging))
+    # `_internal_call`: with --push_to_hub, the Trainer's own save_model would push the whole output folder, the
+    # staged copies included, before the folder is complete; the one push is below, once the files are in place.
+    trainer.save_model(str(staging), _internal_call=True)
     if trainer.is_world_process_zero():
         write_json(staging / "train_results.json", train_metrics)
         write_json(staging / "eval_results.json", eval_metrics)

@@ -162,13 +162,15 @@ class PosttrainArguments:
 @dataclass
 class CpuDefaults:
     """Defaults every method's TRL config takes here: float32 (TRL defaults to bf16, emulated and slow on CPUs without
-    AVX512_BF16; `--bf16 True` where it is fast), no checkpoints (runs of minutes), a log line every 10 steps, and no
-    activation checkpointing (a model this small has nothing to save)."""
+    AVX512_BF16; `--bf16 True` where it is fast), no checkpoints (runs of minutes), a log line every 10 steps, no
+    activation checkpointing (a model this small has nothing to save), and with `--push_to_hub` one push of the
+    finished folder (`--hub_strategy end`)."""
 
     bf16: bool | None = retuned(GRPOConfig, "bf16", False)
     save_strategy: str = retuned(GRPOConfig, "save_strategy", "no")
     logging_steps: float = retuned(GRPOConfig, "logging_steps", 10)
     gradient_checkpointing: bool = retuned(GRPOConfig, "gradient_checkpointing", False)
+    hub_strategy: str = retuned(GRPOConfig, "hub_strategy", "end")
 
 
 # The methods' configs: learning rates, KL weights, steps and losses as measured in docs/post_training.md.
