@@ -180,7 +180,8 @@ def model_card(
         else (
             "# with minirope installed (pip install minirope):\n"
             f'import minirope\nmodel = AutoModelForCausalLM.from_pretrained("{name}")\n'
-            "# without minirope: the folder ships its model code\n"
+            "# without minirope: the folder ships its model code (the tokenizer loader reads the same config)\n"
+            f'tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)\n'
             f'model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)'
         )
     )
