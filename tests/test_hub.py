@@ -17,17 +17,19 @@ from hub_server import LoopbackHub
 from huggingface_hub import ModelCard
 
 REPO = "me/tiny"
-# Loads a repository by id where `import minirope` fails, and prints its greedy tokens after a prompt.
+# Loads a repository by id and the local folder where `import minirope` fails, and prints each one's greedy tokens.
 LOAD_BY_ID = """
 import json, sys
-sys.modules["minirope"] = None  # as on a machine without minirope: the model code comes from the repository
+sys.modules["minirope"] = None  # as on a machine without minirope: the model code comes with the weights
 from transformers import AutoModelForCausalLM, AutoTokenizer
-repo = sys.argv[1]
-model = AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)
-tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
-inputs = tokenizer("ROMEO:", return_tensors="pt")
-ids = model.generate(**inputs, max_new_tokens=12, do_sample=False)[0].tolist()
-print(json.dumps({"module": type(model).__module__, "ids": ids}))
+loaded = {}
+for source in sys.argv[1:]:
+    model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=True)
+    inputs = tokenizer("ROMEO:", return_tensors="pt")
+    ids = model.generate(**inputs, max_new_tokens=12, do_sample=False)[0].tolist()
+    loaded[source] = {"module": type(model).__module__, "ids": ids}
+print(json.dumps(loaded))
 """
 
 
@@ -72,7 +74,9 @@ def test_pretrain_pushes_the_finished_folder_once_and_it_loads_by_repo_id_withou
     assert "minirope" in card.tags and card.eval_results and card.eval_results[0].metric_type == "bits_per_byte"
 
     (tmp_path / "load.py").write_text(LOAD_BY_ID)
-    remote = json.loads(run([sys.executable, str(tmp_path / "load.py"), REPO], env, tmp_path).splitlines()[-1])
-    local = json.loads(run([sys.executable, str(tmp_path / "load.py"), str(out)], env, tmp_path).splitlines()[-1])
+    loaded = json.loads(
+        run([sys.executable, str(tmp_path / "load.py"), REPO, str(out)], env, tmp_path).splitlines()[-1]
+    )
+    remote, local = loaded[REPO], loaded[str(out)]
     assert remote["module"].startswith("transformers_modules.") and "modeling_minirope" in remote["module"]
     assert remote["ids"] == local["ids"] and len(remote["ids"]) > 12
