@@ -7,6 +7,8 @@ TRL passes every dataset column to a reward as a keyword argument, one value per
 
 import re
 
+from minirope.rewards import completion_text
+
 _NUMBER = re.compile(r"-?\d+")
 
 
@@ -14,7 +16,7 @@ def answer(completion) -> str | None:
     """The integer a completion (plain text, or the last message of a conversational one) answers with: the whole
     completion, spaces around it aside; None for anything else. A number followed by more text is no answer, so
     a policy cannot be paid for a right first number and then run on: it must answer and stop."""
-    text = (completion if isinstance(completion, str) else completion[-1]["content"]).strip()
+    text = completion_text(completion).strip()
     return text if _NUMBER.fullmatch(text) else None
 
 
@@ -28,8 +30,7 @@ def exact_match(completions: list, solution: list[str], **kwargs) -> list[float]
 def first_number(completions: list, solution: list[str], **kwargs) -> list[float]:
     """1.0 where the completion's first integer is the row's `solution`, whatever follows it: the arithmetic alone.
     A measure rather than a reward (the example gives it weight 0): a policy paid by it can answer and run on."""
-    texts = [completion if isinstance(completion, str) else completion[-1]["content"] for completion in completions]
-    found = [_NUMBER.search(text) for text in texts]
+    found = [_NUMBER.search(completion_text(completion)) for completion in completions]
     return [
         float(match is not None and match.group() == str(expected))
         for match, expected in zip(found, solution, strict=True)
