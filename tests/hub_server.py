@@ -23,16 +23,27 @@ from urllib.parse import unquote, urlparse
 import yaml
 
 USER = "me"
+ORG = "team"
+TOKENS = {"hf_test": "write", "hf_read": "read"}  # the tokens this Hub knows, and their role
 
 
 @dataclass
 class Repo:
-    files: dict[str, bytes] = field(default_factory=dict)
-    commits: list[tuple[str, str]] = field(default_factory=list)  # (sha, message)
+    files: dict[str, bytes] = field(default_factory=dict)  # at main
+    commits: list[tuple[str, str, dict]] = field(default_factory=list)  # (sha, message, files after it)
 
     @property
     def sha(self) -> str:
         return self.commits[-1][0] if self.commits else "0" * 40
+
+    def at(self, rev: str | None) -> "Repo | None":
+        """The repository as of `rev` (main or a commit's sha; None is main), or None for an unknown revision."""
+        if rev in (None, "main", self.sha):
+            return self
+        for sha, message, files in self.commits:
+            if sha == rev:
+                return Repo(dict(files), [(sha, message, files)])
+        return None
 
 
 class LoopbackHub:
@@ -73,7 +84,7 @@ class LoopbackHub:
         return dict(self.repos[repo_id].files)
 
     def commits(self, repo_id: str) -> list[str]:
-        return [message for _, message in self.repos[repo_id].commits]
+        return [message for _, message, _ in self.repos[repo_id].commits]
 
     # --- the API ---
     def route(self, request: BaseHTTPRequestHandler, method: str) -> None:
@@ -93,8 +104,10 @@ class LoopbackHub:
         for verb, pattern, handler in routes:
             match = re.fullmatch(pattern, path)
             if verb == method and match:
+                token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+                extra = {"token": token} if handler == self.whoami else {}
                 with self.lock:
-                    status, headers, payload = handler(body=body, **match.groupdict())
+                    status, headers, payload = handler(body=body, **match.groupdict(), **extra)
                 break
         else:
             status, headers, payload = 404, {}, json.dumps({"error": f"no route {method} {path}"}).encode()
@@ -115,9 +128,7 @@ class LoopbackHub:
 
     def repo(self, repo: str, rev: str | None) -> Repo | None:
         found = self.repos.get(repo)
-        if found is None or rev not in (None, "main", found.sha):
-            return None
-        return found
+        return None if found is None else found.at(rev)
 
     def missing(self, repo: str):
         return self.answer({"error": f"Repository Not Found: {repo}"}, 404, {"X-Error-Code": "RepoNotFound"})
@@ -131,9 +142,13 @@ class LoopbackHub:
         self.repos[repo_id] = Repo()
         return self.answer({"url": f"{self.endpoint}/{repo_id}", "name": repo_id, "id": repo_id})
 
-    def whoami(self, body: bytes) -> tuple:
-        token = {"displayName": "test", "role": "write"}
-        return self.answer({"type": "user", "name": USER, "fullname": USER, "orgs": [], "auth": {"accessToken": token}})
+    def whoami(self, body: bytes, token: str) -> tuple:
+        """`hf_test`: a write token of `me`, a member of the organization `team`; `hf_read`: a read-only one; any
+        other token is refused (401), as the Hub refuses an unknown token."""
+        if token not in TOKENS:
+            return self.answer({"error": "Invalid credentials in Authorization header"}, 401)
+        user = {"type": "user", "name": USER, "fullname": USER, "orgs": [{"name": ORG, "roleInOrg": "write"}]}
+        return self.answer({**user, "auth": {"accessToken": {"displayName": "test", "role": TOKENS[token]}}})
 
     def validate_yaml(self, body: bytes) -> tuple:
         """A README's metadata block must parse as a YAML mapping (the Hub checks more: its schema)."""
@@ -174,7 +189,7 @@ class LoopbackHub:
             else:
                 return self.answer({"error": f"this test Hub takes no {key!r} commit operation"}, 400)
         sha = hashlib.sha1(f"{found.sha}{message}{sorted(found.files)}".encode()).hexdigest()
-        found.commits.append((sha, message))
+        found.commits.append((sha, message, dict(found.files)))
         return self.answer({"commitUrl": f"{self.endpoint}/{repo}/commit/{sha}", "commitOid": sha,
                             "pullRequestUrl": None})  # fmt: skip
 

@@ -23,6 +23,10 @@ class ModelArguments:
         metadata={"help": "A folder written by minirope (save_pretrained), or a Hub id.", "aliases": ["--model"]}
     )
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow the folder's own model code."})
+    revision: str = field(
+        default="main",
+        metadata={"help": "With a Hub id: the branch, tag or commit to load.", "aliases": ["--model_revision"]},
+    )
 
 
 def first_line(error: Exception) -> str:
@@ -49,7 +53,7 @@ def load_config(args: ModelArguments) -> PreTrainedConfig:
             f"save_pretrained."
         )
     try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code, revision=args.revision)
     except (OSError, ValueError) as error:
         config_file = Path(path) / "config.json"
         if config_file.is_file() and "Unrecognized model" not in str(error):
@@ -74,7 +78,9 @@ def load_tokenizer(args: ModelArguments) -> PreTrainedTokenizerBase:
         ValueError: the folder has no tokenizer that loads.
     """
     try:
-        return AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+        return AutoTokenizer.from_pretrained(
+            args.model_name_or_path, trust_remote_code=args.trust_remote_code, revision=args.revision
+        )
     except (OSError, ValueError) as error:
         raise ValueError(
             f"cannot load a tokenizer from {args.model_name_or_path!r} ({first_line(error)}): save it next to the "
@@ -118,6 +124,7 @@ def load_causal_lm(args: ModelArguments, **kwargs) -> tuple[torch.nn.Module, Pre
             path,
             config=config,
             trust_remote_code=args.trust_remote_code,
+            revision=args.revision,
             ignore_mismatched_sizes=True,  # reported below, with the tensor and both shapes
             output_loading_info=True,
             **kwargs,

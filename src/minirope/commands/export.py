@@ -5,9 +5,12 @@ ExecuTorch program.
     minirope-export --model runs/minirope-shakespeare --format gguf --output exports/model.gguf --outtype q8_0
     minirope-export --model runs/minirope-shakespeare --format onnx --output exports/onnx
     minirope-export --model runs/minirope-shakespeare --format executorch --output exports/executorch --outtype 8da8w
+    minirope-export --model me/minirope-shakespeare --format gguf --output exports/model.gguf --push_to_hub me/m-gguf
 
-Each target is written next to its final path and moved there only once complete (`minirope.export`), so a failed
-export leaves nothing half-written; an existing output is replaced only with `--overwrite`.
+`--model` is a folder or a Hub id (`--revision`); `--push_to_hub REPO` uploads the export with its own model card,
+which names the source model (as the Hub's GGUF repositories do), after checking the push can happen, before the
+export. Each target is written next to its final path and moved there only once complete (`minirope.export`), so a
+failed export leaves nothing half-written; an existing output is replaced only with `--overwrite`.
 """
 
 import sys
@@ -26,12 +29,15 @@ from minirope.export import (
     export_llama,
     export_onnx,
 )
-from minirope.folders import check_output
+from minirope.folders import check_output, looks_local
+from minirope.training.hub import check_write_access
 
 
 @dataclass
 class ExportArguments:
-    model: str = field(metadata={"help": "A folder written by minirope (save_pretrained, with its tokenizer)."})
+    model: str = field(
+        metadata={"help": "A folder written by minirope (save_pretrained, with its tokenizer), or a Hub id."}
+    )
     format: str = field(metadata={"help": f"{', '.join(FORMATS)}: one GGUF file, or a folder for the others."})
     output: str = field(metadata={"help": "Where to write: a folder (llama, onnx, executorch) or a .gguf file."})
     outtype: str = field(
@@ -46,6 +52,10 @@ class ExportArguments:
         metadata={"help": "executorch: positions in the static KV cache (default: the trained context)."},
     )
     overwrite: bool = field(default=False, metadata={"help": "Replace an existing output."})
+    revision: str = field(default="main", metadata={"help": "With a Hub id: the branch, tag or commit to export."})
+    push_to_hub: str | None = field(
+        default=None, metadata={"help": "A Hub repository (user/name) to upload the export to, with a model card."}
+    )
 
 
 def run(argv: list[str] | None = None) -> Path:
@@ -64,19 +74,102 @@ def run(argv: list[str] | None = None) -> Path:
         raise ValueError(f"--outtype {args.outtype} is not one of {', '.join(outtypes)} for --format {args.format}.")
     if args.max_cache_len is not None and args.format != "executorch":
         raise ValueError(f"--max_cache_len applies to --format executorch only: drop it for {args.format}.")
-    check_output(args.output, "--output", {"--model": args.model}, folder=args.format != "gguf")
+    model = args.model if looks_local(args.model) else None
+    check_output(args.output, "--output", {"--model": model}, folder=args.format != "gguf")
+    if args.push_to_hub:
+        check_write_access(args.push_to_hub, None, "--push_to_hub")
+    model = model or download(args.model, args.revision)
     if args.format == "gguf":
-        path = export_gguf(args.model, args.output, args.outtype, args.overwrite)
+        path = export_gguf(model, args.output, args.outtype, args.overwrite)
     elif args.format == "executorch":
-        path = export_executorch(args.model, args.output, args.outtype, args.max_cache_len, args.overwrite)
+        path = export_executorch(model, args.output, args.outtype, args.max_cache_len, args.overwrite)
     elif args.format == "onnx":
-        path = export_onnx(args.model, args.output, args.overwrite)
+        path = export_onnx(model, args.output, args.overwrite)
     else:
-        path = export_llama(args.model, args.output, args.overwrite)
+        path = export_llama(model, args.output, args.overwrite)
     print(f"minirope-export: wrote {path}", file=sys.stderr)
     if args.format == "gguf" and args.outtype in AMX_OUTTYPES and cpu_has_amx():
         print(AMX_NOTE, file=sys.stderr)
+    if args.push_to_hub:
+        url = push_export(path, args)
+        print(f"minirope-export: pushed to {url}", file=sys.stderr)
     return path
+
+
+def download(repo: str, revision: str) -> str:
+    """The local snapshot of the Hub model `repo` at `revision` (`huggingface_hub.snapshot_download`).
+
+    Raises:
+        OSError: the Hub has no such repository or revision, or cannot be reached (naming it).
+    """
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(repo, revision=revision)
+    except Exception as error:  # HTTP and transport errors alike
+        raise OSError(f"cannot download the model {repo!r} (revision {revision}) from the Hub: {error}") from None
+
+
+def export_card(args: ExportArguments, path: Path):
+    """The exported repository's model card: the format, the source model (`base_model` when it is a Hub id, with
+    the Hub's `quantized` relation for GGUF and ExecuTorch files) and how to load it."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    on_hub = not looks_local(args.model)
+    quantized = args.format in ("gguf", "executorch")
+    data = ModelCardData(
+        library_name={"llama": "transformers", "onnx": "onnx", "executorch": "executorch"}.get(args.format),
+        pipeline_tag="text-generation",
+        license="mit",
+        tags=["minirope", "llama", args.format, *([args.outtype] if quantized else [])],
+        base_model=args.model if on_hub else None,
+        base_model_relation="quantized" if on_hub and quantized else None,
+    )
+    source = f"`{args.model}`" if on_hub else f"`{Path(args.model).name}`"
+    load = {
+        "gguf": f"from huggingface_hub import hf_hub_download\nfrom llama_cpp import Llama\n\n"
+        f'llm = Llama(model_path=hf_hub_download("{args.push_to_hub}", "{path.name}"))\n'
+        f'print(llm("ROMEO:\\n", max_tokens=64)["choices"][0]["text"])',
+        "llama": f"from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+        f'model = AutoModelForCausalLM.from_pretrained("{args.push_to_hub}")  # LlamaForCausalLM, no remote code\n'
+        f'tokenizer = AutoTokenizer.from_pretrained("{args.push_to_hub}")',
+    }.get(
+        args.format,
+        f'from huggingface_hub import snapshot_download\n\nfolder = snapshot_download("{args.push_to_hub}")',
+    )
+    body = (
+        f"\n# {args.push_to_hub.split('/')[-1]}\n\nThe minirope model {source} exported by `minirope-export --format "
+        f"{args.format} --outtype {args.outtype}` (weights {args.outtype}): a Llama-architecture decoder with Rotary "
+        f"Position Embedding.\n\n```python\n{load}\n```\n"
+    )
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
+
+
+def push_export(path: Path, args: ExportArguments) -> str:
+    """Upload the export at `path` (a file, or a folder's files) and its card to `args.push_to_hub`, in one commit;
+    returns the commit's URL.
+
+    Raises:
+        OSError: the upload failed (the export stays written at `path`).
+    """
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    card = str(export_card(args, path)).encode()
+    files = [path] if path.is_file() else sorted(item for item in path.rglob("*") if item.is_file())
+    root = path.parent if path.is_file() else path
+    operations = [CommitOperationAdd(str(item.relative_to(root)), item) for item in files]
+    operations = [op for op in operations if op.path_in_repo != "README.md"]
+    operations.append(CommitOperationAdd("README.md", card))
+    api = HfApi()
+    try:
+        repo = api.create_repo(args.push_to_hub, exist_ok=True).repo_id
+        commit = api.create_commit(repo, operations, commit_message=f"minirope-export --format {args.format}")
+    except Exception as error:  # HTTP and transport errors alike
+        raise OSError(
+            f"the export is written at {path}, but pushing it to {args.push_to_hub} failed ({error}): upload it with "
+            f"`hf upload {args.push_to_hub} {path}`."
+        ) from None
+    return commit.commit_url
 
 
 # llama.cpp repacks quantized weights into its AMX kernels where it was built with AMX (its system info shows

@@ -249,7 +249,8 @@ def report(trainer, model_args, args, data_args, start, measures: Measures) -> d
     largest = max(eval_sizes)
     card_metrics = {f"eval_{key}": after[f"after_{largest}_{key}"] for key in ("bits_per_byte", "nats_per_token")}
     dataset = data_description(data_args)
-    card = model_card(start.output_dir.name, config, card_metrics, dataset, how_trained, base_model=base)
+    card = model_card(start.output_dir.name, config, card_metrics, dataset, how_trained, base_model=base,
+                      methods=("context-extension", args.rope_type))  # fmt: skip
     lines = [f"{scaling}, {original} -> {data_args.block_size} tokens, {steps} steps"]
     lines += [f"validation bits/byte at {change}" for change in changes]
     lines.append("repeat test (bits/byte on a repeated passage / on its first occurrence):")

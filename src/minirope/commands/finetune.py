@@ -285,7 +285,14 @@ def report(trainer, model_args, lora_args, data_args, start, measures: Measures)
     )
     dataset, adapter = data_args.play or data_description(data_args), lora_args.lora and not lora_args.merge_lora
     card = model_card(
-        start.output_dir.name, trainer.model.config, after, dataset, how_trained, base_model=base, adapter=adapter
+        start.output_dir.name,
+        trainer.model.config,
+        after,
+        dataset,
+        how_trained,
+        base_model=base,
+        adapter=adapter,
+        methods=("lora",) if lora_args.lora else (),
     )
     line = (
         f"validation bits/byte {before['eval_bits_per_byte']:.4f} -> {after['eval_bits_per_byte']:.4f} "

@@ -22,11 +22,13 @@ from transformers import set_seed
 
 from minirope.commands import run_cli
 from minirope.folders import ModelArguments, check_output, load_causal_lm
+from minirope.training.hub import check_push
 from minirope.training.output import check_previous_run, finish_run, model_card, remove_old_checkpoints
 from minirope.training.throughput import training_flops_per_token
 
 METRIC = "eval_bits_per_byte"
 PAIRS_FILE = "preference_pairs.jsonl"
+METHOD_TAGS = {"grpo": "grpo", "dpo": "dpo", "distill": "distillation"}  # the model card's tag for each method
 
 
 @dataclass
@@ -43,8 +45,8 @@ class Setup:
 
 
 def prepare(args, config) -> Setup:
-    """Every check that can fail, before any work: the output folder, the model, the teacher, the rewards, the data,
-    the corpus term.
+    """Every check that can fail, before any work: the push (`--push_to_hub`), the output folder, the model, the
+    teacher, the rewards, the data, the corpus term.
 
     Raises:
         ValueError, OSError: naming the flag, the folder or the file.
@@ -54,6 +56,7 @@ def prepare(args, config) -> Setup:
     from minirope.training.posttraining.data import check_chat_template, load_task_data
     from minirope.training.posttraining.rewards import resolve_reward
 
+    check_push(config)
     teacher_path = getattr(config, "teacher_model_name_or_path", None)
     if args.method == "distill" and not teacher_path:
         raise ValueError("--method distill needs --teacher_model_name_or_path: the folder of the teacher.")
@@ -69,7 +72,7 @@ def prepare(args, config) -> Setup:
         )
     rewards = [resolve_reward(name) for name in names]
     corpus = corpus_of(args)
-    model, tokenizer = load_causal_lm(ModelArguments(args.model_name_or_path, config.trust_remote_code))
+    model, tokenizer = load_causal_lm(ModelArguments(args.model_name_or_path, config.trust_remote_code, args.revision))
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     check_chat_template(data, tokenizer)
     check_previous_run(config.output_dir, model.config, overwrite=args.overwrite_output_dir, resuming=False)
@@ -145,6 +148,8 @@ def run(argv: list[str] | None = None) -> dict:
         if args.weight_interpolation < 1
         else {}
     )
+    if args.revision != "main":  # TRL loads the reference model (DPO, GRPO with a KL term) again from the model's id
+        config.model_init_kwargs = {**(config.model_init_kwargs or {}), "revision": args.revision}
     method_kwargs = {"grpo": {"reward_funcs": setup.rewards}, "distill": {"teacher_model": setup.teacher}}
     trainer = TRAINERS[args.method](
         model=setup.model,
@@ -225,7 +230,7 @@ def report(trainer, setup: Setup, args, before, after, train_metrics: dict) -> d
     eval_metrics = {f"before_{METRIC}": before.bits_per_byte, METRIC: after.bits_per_byte}
     eval_metrics = {key: value for key, value in eval_metrics.items() if value is not None}
     card = model_card(Path(config.output_dir).name, trainer.model.config, eval_metrics, setup.data.source, how_trained,
-                      base_model=base)  # fmt: skip
+                      base_model=base, methods=(METHOD_TAGS[args.method], "trl"))  # fmt: skip
     seconds = summary["train_seconds"]
     line = f"{before.line()} -> {after.line()} in {steps} steps, {seconds:.0f} s; written to {config.output_dir}/"
     finish_run(trainer, train_metrics=train_metrics, eval_metrics=eval_metrics, card=card, summary=summary,

@@ -18,6 +18,7 @@ from transformers import HfArgumentParser, TrainingArguments, set_seed
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from minirope.training.checkpoints import resolve_resume
+from minirope.training.hub import check_push
 from minirope.training.optimizers import MUON_MOMENTUM
 from minirope.training.precision import choose_bf16
 
@@ -207,16 +208,19 @@ class RunStart:
 
 def start_run(dataclass_types: tuple, argv: list[str] | None = None) -> tuple:
     """Parse `argv` into `dataclass_types` (the last one a `TrainingArguments`), seed, tune the allocator on CPU and
-    find the checkpoint to resume. Returns the parsed arguments followed by a `RunStart`.
+    find the checkpoint to resume (on the Hub too); with `--push_to_hub`, check the push can happen. Returns the parsed
+    arguments followed by a `RunStart`.
 
     Raises:
         FileNotFoundError: `--resume_from_checkpoint` names no checkpoint (see `resolve_resume`).
+        ValueError: a push that cannot happen (`minirope.training.hub.check_push`).
     """
     started = time.perf_counter()
     *arguments, training_args = parse_cli_args(dataclass_types, argv)
     set_seed(training_args.seed)
     if training_args.precision_line:  # chosen here, not by a flag: said before any work
         print(f"[minirope] {training_args.precision_line}; torch.compile: {training_args.torch_compile}")
+    check_push(training_args)
     if training_args.device.type == "cpu":
         reuse_freed_memory()
     run = RunStart(started, Path(training_args.output_dir), resolve_resume(training_args))

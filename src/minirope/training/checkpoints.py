@@ -16,6 +16,7 @@ from pathlib import Path
 from transformers import PreTrainedConfig, TrainingArguments
 
 from minirope.configuration_minirope import ARCHITECTURE_FIELDS
+from minirope.training.hub import hub_checkpoint
 
 logger = logging.getLogger(__name__)
 STATE = "trainer_state.json"
@@ -78,7 +79,8 @@ def last_complete_checkpoint(output_dir: str | Path) -> str | None:
 
 
 def resolve_resume(training_args: TrainingArguments) -> str | None:
-    """`--resume_from_checkpoint last` (or `True`) means the newest readable `checkpoint-N` in `--output_dir`.
+    """`--resume_from_checkpoint last` (or `True`) means the newest readable `checkpoint-N` in `--output_dir`, else
+    (with `--push_to_hub --hub_strategy checkpoint`) the Hub's `last-checkpoint` of the run (`hub_checkpoint`).
 
     Raises:
         FileNotFoundError: no such checkpoint folder, or (`last`) none that can be read.
@@ -88,9 +90,14 @@ def resolve_resume(training_args: TrainingArguments) -> str | None:
     if resume in (None, "", "False", "false"):
         return None
     if resume in ("last", "True", "true"):
-        last = last_complete_checkpoint(training_args.output_dir)
+        last = last_complete_checkpoint(training_args.output_dir) or hub_checkpoint(training_args)
         if last is None:
-            raise FileNotFoundError(f"no complete checkpoint-N folder in {training_args.output_dir} to resume from.")
+            raise FileNotFoundError(
+                f"no complete checkpoint-N folder in {training_args.output_dir} to resume from (nor on the Hub: "
+                f"a run with --push_to_hub --hub_strategy checkpoint pushes its last checkpoint there)."
+            )
+        if problem := checkpoint_problem(Path(last)):
+            raise ValueError(f"--resume_from_checkpoint last: {last} cannot be resumed: {problem}.")
         return last
     if not Path(resume).is_dir():
         raise FileNotFoundError(f"--resume_from_checkpoint {resume} is not a checkpoint folder: check the path.")

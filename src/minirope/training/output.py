@@ -17,6 +17,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers import PreTrainedConfig, TrainingArguments
 
 from minirope.configuration_minirope import ARCHITECTURE_FIELDS
+from minirope.folders import looks_local
 
 MARKERS = ("adapter_config.json", "config.json")  # moved last: their presence means "complete"
 # What a minirope run leaves in its folder however early it stopped (the posttrain pairs are written before
@@ -142,9 +143,17 @@ def model_card(
     how_trained: str,
     *,
     base_model: str | None = None,
+    relation: str = "finetune",
+    methods: tuple[str, ...] = (),
     adapter: bool = False,
 ) -> ModelCard:
-    """A Hub model card (README.md): metadata with the measured validation metrics, and how to load the model."""
+    """A Hub model card (README.md): metadata with the measured validation metrics, and how to load the model.
+
+    `base_model` (the model the run started from) goes into the metadata, with `base_model_relation` `relation`
+    (the Hub's: `finetune`, `adapter`, `quantized`, `merge`), when it is a Hub id: a local folder means nothing
+    on the Hub, and the training text names it. `methods` are tags for how it was trained (`lora`, `dpo`, ...).
+    """
+    on_hub = base_model is not None and not looks_local(base_model)
     results = [
         EvalResult(
             task_type="text-generation",
@@ -167,9 +176,10 @@ def model_card(
         library_name="peft" if adapter else "transformers",
         pipeline_tag="text-generation",
         license="mit",
-        tags=["minirope", "rope", "llama", "causal-lm", "text-generation"],
+        tags=["minirope", "rope", "llama", "causal-lm", "text-generation", *methods],
         datasets=[dataset],
-        base_model=base_model,
+        base_model=base_model if on_hub else None,
+        base_model_relation=("adapter" if adapter else relation) if on_hub else None,
         eval_results=results,
     )
     size = f"{config.num_hidden_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} heads"
@@ -221,6 +231,14 @@ The weights are named as in `LlamaForCausalLM`; `minirope.convert.to_llama` turn
 plain Llama checkpoint.
 """
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
+
+
+class OwnModelCard:
+    """Trainer mixin: the card is minirope's (`model_card`, written by `finish_run` before the push); the Trainer's
+    and TRL's `create_model_card`, which `push_to_hub` and TRL's checkpoints call, would overwrite it."""
+
+    def create_model_card(self, *args, **kwargs) -> None:
+        """Leave the card `finish_run` wrote."""
 
 
 def optimizer_description(args: TrainingArguments) -> str:

@@ -15,6 +15,7 @@ from minirope.training.checkpoints import STREAM_STATE, last_complete_checkpoint
 from minirope.training.errors import NonFiniteLossError
 from minirope.training.metrics import language_model_metrics
 from minirope.training.optimizers import MuonWithAdamW
+from minirope.training.output import OwnModelCard
 from minirope.training.stream import BlockStream
 
 
@@ -31,7 +32,7 @@ def check_stream_workers(num_workers: int) -> None:
         )
 
 
-class MiniRopeTrainer(Trainer):
+class MiniRopeTrainer(OwnModelCard, Trainer):
     """`Trainer` that stops on a NaN/inf loss, and leaves the model card to minirope.
 
     The check reads one scalar per micro-batch (a device sync on GPU, free on CPU). It runs before the
@@ -140,9 +141,6 @@ class MiniRopeTrainer(Trainer):
         if model.training and not return_outputs and "labels" in inputs and self.model_accepts_skip_logits:
             inputs = {**inputs, "skip_logits": True}
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-
-    def create_model_card(self, *args, **kwargs) -> None:
-        """minirope writes its own card (`minirope.training.output.model_card`) before any push."""
 
 
 class StreamPosition(TrainerCallback):

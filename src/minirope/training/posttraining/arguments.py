@@ -39,6 +39,10 @@ class PosttrainArguments:
     model_name_or_path: str = field(
         metadata={"help": "The model to post-train: a folder written by minirope, or a Hub id.", "aliases": ["--model"]}
     )
+    revision: str = field(
+        default="main",
+        metadata={"help": "With a Hub id: the branch, tag or commit to load.", "aliases": ["--model_revision"]},
+    )
     method: str = field(
         default="grpo", metadata={"help": "grpo (reward), dpo (preference pairs) or distill (a teacher)."}
     )

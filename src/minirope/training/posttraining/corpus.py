@@ -26,6 +26,7 @@ from trl import DistillationTrainer, DPOTrainer, GRPOTrainer
 from minirope.training.corpus import BUNDLED_CORPUS, bundled_shards
 from minirope.training.data import TextDataArguments, data_description, training_blocks
 from minirope.training.documents import Shard
+from minirope.training.output import OwnModelCard
 from minirope.training.posttraining.arguments import LM_COEF, PosttrainArguments
 from minirope.training.sources import dataset_shards, file_shards
 
@@ -116,16 +117,16 @@ class CorpusTerm:
         return loss
 
 
-class MiniRopeGRPOTrainer(CorpusTerm, GRPOTrainer):
-    """TRL's `GRPOTrainer`, with the corpus term of `CorpusTerm`."""
+class MiniRopeGRPOTrainer(OwnModelCard, CorpusTerm, GRPOTrainer):
+    """TRL's `GRPOTrainer`, with the corpus term of `CorpusTerm` and minirope's model card."""
 
 
-class MiniRopeDPOTrainer(CorpusTerm, DPOTrainer):
-    """TRL's `DPOTrainer`, with the corpus term of `CorpusTerm`."""
+class MiniRopeDPOTrainer(OwnModelCard, CorpusTerm, DPOTrainer):
+    """TRL's `DPOTrainer`, with the corpus term of `CorpusTerm` and minirope's model card."""
 
 
-class MiniRopeDistillationTrainer(CorpusTerm, DistillationTrainer):
-    """TRL's `DistillationTrainer`, with the corpus term of `CorpusTerm`."""
+class MiniRopeDistillationTrainer(OwnModelCard, CorpusTerm, DistillationTrainer):
+    """TRL's `DistillationTrainer`, with the corpus term of `CorpusTerm` and minirope's model card."""
 
 
 TRAINERS = {"grpo": MiniRopeGRPOTrainer, "dpo": MiniRopeDPOTrainer, "distill": MiniRopeDistillationTrainer}
