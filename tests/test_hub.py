@@ -7,15 +7,29 @@ Each command runs in its own process: `huggingface_hub` reads `HF_ENDPOINT` when
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from conftest import TINY_RUN
-from hub_server import LoopbackHub
-from huggingface_hub import HfApi, ModelCard
+from hub_server import LoopbackHub, Repo
+from huggingface_hub import HfApi, ModelCard, constants
+from llama_cpp_child import llama_cpp
+from safetensors.torch import load_file
+from test_bad_input import cli_error
 from test_bad_input_table import TINY_EXTEND
+from test_export import LOGITS_TOLERANCE
+from test_resume import RUN as RESUME_RUN
+from transformers import AutoTokenizer
+
+from minirope import MiniRopeForCausalLM
+from minirope.commands import export, extend, finetune, posttrain, pretrain
 
 REPO = "me/tiny"
 # Loads a repository by id and the local folder where `import minirope` fails, and prints each one's greedy tokens.
@@ -144,3 +158,138 @@ def test_every_command_starts_from_a_hub_id_at_a_revision_and_pushes_its_folder_
     loaded = load_by_id([*outs, *map(str, outs.values())], env, tmp_path)
     for repo, out in outs.items():
         assert loaded[repo]["ids"] == loaded[str(out)]["ids"], repo
+
+
+@pytest.fixture
+def hub_here(hub, monkeypatch, tmp_path):
+    """The Hub for commands run in this process: `huggingface_hub`'s endpoint pointed at it, no stored token."""
+    server, _ = hub
+    monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    return server
+
+
+def closed_port() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+@pytest.mark.parametrize(
+    ("cause", "expected"),
+    [
+        ("no token", "needs a Hugging Face token with write access"),
+        ("unknown token", "refused the token (HTTP 401)"),
+        ("read-only token", "is read-only"),
+        ("another namespace", "me cannot write to someone/"),
+        ("no Hub", "cannot be reached"),
+    ],
+)
+def test_a_push_that_cannot_happen_is_one_line_before_any_work(hub_here, tmp_path, monkeypatch, capsys, cause,
+                                                               expected):  # fmt: skip
+    """Each reason a push would fail is found when the flags are parsed: exit 1, one line naming the cause and the
+    fix, no output folder."""
+    repo = "someone/tiny" if cause == "another namespace" else REPO
+    if cause == "no token":
+        monkeypatch.delenv("HF_TOKEN")
+    elif cause in ("unknown token", "read-only token"):
+        monkeypatch.setenv("HF_TOKEN", "hf_wrong" if cause == "unknown token" else "hf_read")
+    elif cause == "no Hub":
+        monkeypatch.setattr(constants, "ENDPOINT", closed_port())
+    out = tmp_path / "run"
+    err = cli_error(pretrain.main, [*TINY_RUN, "--output_dir", str(out), "--push_to_hub", "True", "--hub_model_id",
+                                    repo], monkeypatch, capsys)  # fmt: skip
+    assert err.startswith("minirope-pretrain: error: --push_to_hub") and expected in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["finetune", "extend", "posttrain", "export"])
+def test_every_command_checks_its_push_before_it_loads_the_model(hub_here, tmp_path, monkeypatch, capsys, command):
+    """The other commands check a push as pretrain does, before they read the model (here: no such folder)."""
+    monkeypatch.setenv("HF_TOKEN", "hf_read")
+    model = str(tmp_path / "no-model")
+    argv = {
+        "export": ["--model", model, "--format", "llama", "--output", str(tmp_path / "out"), "--push_to_hub", REPO],
+        "posttrain": ["--model", model, "--output_dir", str(tmp_path / "out"), "--push_to_hub", "True"],
+    }.get(command, ["--model_name_or_path", model, "--output_dir", str(tmp_path / "out"), "--push_to_hub", "True"])
+    main = {"finetune": finetune.main, "extend": extend.main, "posttrain": posttrain.main, "export": export.main}
+    err = cli_error(main[command], argv, monkeypatch, capsys)
+    assert "--push_to_hub: the token of me is read-only" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+DOWNLOAD = """
+import sys
+from huggingface_hub import hf_hub_download
+print(hf_hub_download(sys.argv[1], sys.argv[2]))
+"""
+
+
+@pytest.mark.client
+def test_export_pushes_a_gguf_and_a_llama_folder_that_load_back_from_the_hub(hub, pushed, tmp_path):
+    """`minirope-export --push_to_hub`, from the Hub id of the pretrain push (at its commit), uploads the GGUF with a
+    card naming its source (`base_model`, `quantized`), as the Hub's GGUF repositories do, and the Llama folder;
+    llama.cpp runs the GGUF downloaded back with `hf_hub_download` (logits = the source model's), and transformers
+    loads the Llama repository by id without remote code."""
+    server, env = hub
+    source = ["--model", REPO, "--revision", server.repos[REPO].commits[0][0]]
+    gguf, llama = tmp_path / "tiny.gguf", tmp_path / "llama"
+    run(minirope("export", *source, "--format", "gguf", "--output", str(gguf), "--push_to_hub", f"{REPO}-gguf"),
+        env, tmp_path)  # fmt: skip
+    run(minirope("export", *source, "--format", "llama", "--output", str(llama), "--push_to_hub", f"{REPO}-llama"),
+        env, tmp_path)  # fmt: skip
+
+    assert set(server.files(f"{REPO}-gguf")) == {"tiny.gguf", "README.md"}
+    card = card_of(server, f"{REPO}-gguf")
+    assert (card.base_model, card.base_model_relation, card.pipeline_tag) == (REPO, "quantized", "text-generation")
+    assert {"gguf", "minirope"} <= set(card.tags)
+    (tmp_path / "download.py").write_text(DOWNLOAD)
+    downloaded = Path(run([sys.executable, str(tmp_path / "download.py"), f"{REPO}-gguf", "tiny.gguf"], env,
+                          tmp_path).splitlines()[-1])  # fmt: skip
+    assert downloaded.read_bytes() == gguf.read_bytes()
+    model, tokenizer = MiniRopeForCausalLM.from_pretrained(pushed).eval(), AutoTokenizer.from_pretrained(pushed)
+    ids = [
+        tokenizer.bos_token_id,
+        *tokenizer("ROMEO:\nBut soft, what light through yonder window breaks?")["input_ids"],
+    ]
+    (theirs,) = llama_cpp(downloaded, [("scores", ids)])
+    with torch.no_grad():
+        ours = model(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(np.array(theirs) - ours).max() < LOGITS_TOLERANCE
+
+    pushed_llama = server.files(f"{REPO}-llama")
+    assert set(pushed_llama) == {path.name for path in llama.iterdir()}
+    card = card_of(server, f"{REPO}-llama")
+    assert (card.base_model, card.library_name) == (REPO, "transformers")
+    loaded = load_by_id([f"{REPO}-llama", str(pushed)], env, tmp_path)
+    assert loaded[f"{REPO}-llama"]["module"] == "transformers.models.llama.modeling_llama"
+    assert loaded[f"{REPO}-llama"]["ids"] == loaded[str(pushed)]["ids"]
+
+
+def test_a_run_killed_after_a_checkpoint_push_resumes_from_the_hub_on_a_clean_machine(hub, tmp_path):
+    """`--hub_strategy checkpoint` pushes each checkpoint as `last-checkpoint/`; the run is killed once the Hub holds
+    one; on a clean machine (new output folder, new cache) the same command with `--resume_from_checkpoint last`
+    downloads it and ends with the weights of an uninterrupted run, tensor for tensor."""
+    server, env = hub
+    want = tmp_path / "uninterrupted"
+    pretrain.run([*RESUME_RUN, "--output_dir", str(want)])
+
+    push = ["--push_to_hub", "True", "--hub_model_id", f"{REPO}-resume", "--hub_strategy", "checkpoint"]
+    killed = subprocess.Popen(minirope("pretrain", *RESUME_RUN, *push, "--output_dir", str(tmp_path / "killed")),
+                              env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while "last-checkpoint/trainer_state.json" not in server.repos.get(f"{REPO}-resume", Repo()).files:
+        assert killed.poll() is None and time.monotonic() < deadline, "no checkpoint reached the Hub before the end"
+        time.sleep(0.01)
+    killed.send_signal(signal.SIGKILL)
+    assert killed.wait() == -signal.SIGKILL
+    at = json.loads(server.files(f"{REPO}-resume")["last-checkpoint/trainer_state.json"])["global_step"]
+    assert at < 120
+
+    clean = tmp_path / "clean"
+    out = run(minirope("pretrain", *RESUME_RUN, *push, "--output_dir", str(clean), "--resume_from_checkpoint", "last"),
+              {**env, "HF_HOME": str(tmp_path / "clean-home")}, tmp_path)  # fmt: skip
+    assert f"resuming from {REPO}-resume's last-checkpoint" in out
+    got, expected = load_file(clean / "model.safetensors"), load_file(want / "model.safetensors")
+    assert got.keys() == expected.keys() and all(torch.equal(got[name], expected[name]) for name in got)
