@@ -6,11 +6,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 FLOOR_VENV ?= .venv-floor
+WHEEL_VENV ?= .venv-wheel
 # The CPU build of torch; on a GPU machine use e.g. `make demo TORCH=torch`.
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install install-dev demo test test-newest test-floor test-slow lint
+.PHONY: install install-dev demo test test-newest test-floor test-wheel test-slow lint
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
@@ -43,7 +44,7 @@ $(FLOOR_VENV)/.installed: pyproject.toml constraints/floor.txt
 demo: install
 	$(BIN)/minirope-pretrain
 
-test: test-newest test-floor
+test: test-newest test-floor test-wheel
 
 test-newest: install-dev
 	$(BIN)/ruff check src tests benchmarks evals examples
@@ -60,6 +61,17 @@ FLOOR_TESTS := tests/test_generate.py tests/test_generation_conformance.py tests
 test-floor: $(FLOOR_VENV)/.installed
 	$(FLOOR_VENV)/bin/python -c "import transformers; print('floor versions: transformers', transformers.__version__)"
 	$(FLOOR_VENV)/bin/python -m pytest -m "not slow" $(FLOOR_TESTS)
+
+# The package as users install it: `python -m build` makes the sdist and, from it, the wheel; `twine check` reads
+# both; the wheel goes into a new venv (not editable) and tests/wheel_check.py runs its commands from an empty folder.
+test-wheel: install-dev
+	rm -rf dist $(WHEEL_VENV)
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/python -m twine check --strict dist/*
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(WHEEL_VENV)/bin/python -m pip install --quiet "$(TORCH)" dist/*.whl
+	cd $$(mktemp -d) && $(CURDIR)/$(WHEEL_VENV)/bin/python $(CURDIR)/tests/wheel_check.py
 
 test-slow: install-dev
 	$(BIN)/python -m pytest -m slow
