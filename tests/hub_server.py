@@ -4,10 +4,12 @@ answers shaped as its client code reads them (`huggingface_hub.hf_api`, `_commit
 file is uploaded as a regular git blob (the preupload answer says so: no LFS, no Xet), kept in memory.
 
     with LoopbackHub() as hub:       # hub.endpoint: http://127.0.0.1:PORT, for HF_ENDPOINT
-        ...                          # push and load with the real clients (HF_HUB_DISABLE_XET=1, any HF_TOKEN)
+        ...                          # push and load with the real clients (HF_HUB_DISABLE_XET=1, HF_TOKEN=hf_test)
         hub.files("me/tiny")         # {path: bytes} at main
         hub.commits("me/tiny")       # the commit messages, oldest first
 
+The tokens: `hf_test` writes as the user (`me`, or `LoopbackHub(user=...)`) and in the organization `team`;
+`hf_read` is read-only; any other is refused. Revisions: `main` or any commit's sha (each commit keeps its files).
 No PyPI package serves this API; this one answers only what the tests drive through the real clients.
 """
 
@@ -49,7 +51,8 @@ class Repo:
 class LoopbackHub:
     """The server, started on a free port of 127.0.0.1 by `with` and stopped at its end."""
 
-    def __init__(self) -> None:
+    def __init__(self, user: str = USER) -> None:
+        self.user = user  # the name the tokens belong to
         self.repos: dict[str, Repo] = {}
         self.lock = threading.Lock()
         hub = self
@@ -135,7 +138,7 @@ class LoopbackHub:
 
     def create(self, body: bytes) -> tuple:
         request = json.loads(body)
-        repo_id = f"{request.get('organization') or USER}/{request['name']}"
+        repo_id = f"{request.get('organization') or self.user}/{request['name']}"
         if repo_id in self.repos:
             return self.answer({"error": "You already created this model repo", "url": f"{self.endpoint}/{repo_id}"},
                                409)  # fmt: skip
@@ -143,11 +146,12 @@ class LoopbackHub:
         return self.answer({"url": f"{self.endpoint}/{repo_id}", "name": repo_id, "id": repo_id})
 
     def whoami(self, body: bytes, token: str) -> tuple:
-        """`hf_test`: a write token of `me`, a member of the organization `team`; `hf_read`: a read-only one; any
-        other token is refused (401), as the Hub refuses an unknown token."""
+        """`hf_test`: a write token of the user (`me` by default), a member of the organization `team`; `hf_read`: a
+        read-only one; any other token is refused (401), as the Hub refuses an unknown token."""
         if token not in TOKENS:
             return self.answer({"error": "Invalid credentials in Authorization header"}, 401)
-        user = {"type": "user", "name": USER, "fullname": USER, "orgs": [{"name": ORG, "roleInOrg": "write"}]}
+        name = self.user
+        user = {"type": "user", "name": name, "fullname": name, "orgs": [{"name": ORG, "roleInOrg": "write"}]}
         return self.answer({**user, "auth": {"accessToken": {"displayName": "test", "role": TOKENS[token]}}})
 
     def validate_yaml(self, body: bytes) -> tuple:

@@ -5,13 +5,16 @@ and shell, run in order in one workspace where `runs/minirope-shakespeare` is a 
 `minirope-pretrain` (`tiny_pretrained`) and the files the page names (`train.txt`, `data/chat-train.jsonl`, ...)
 exist. Python blocks share one namespace per page. Commands run with flags appended that make them small (the last
 value of a flag wins); `minirope-*` commands run in this process, servers in the background until the page ends.
-Placeholders (upper-case `NAME`, `DIR`, `your-name/...`, say so on their page) are replaced by local files.
+Placeholders (upper-case `NAME`, `DIR`, a quoted `"your-name/..."` in Python, say so on their page) are replaced by
+local files; commands that push to or load from the Hub (`--push_to_hub`, `your-name/...` ids) run in a child process
+against a Hub on 127.0.0.1 (`hub_server.LoopbackHub`, where the token's user is `your-name`).
 Commands that need what a CPU test cannot have (GPUs, a cluster, the suite itself) are listed in NOT_RUN with the
 test that covers what they do.
 """
 
 import contextlib
 import json
+import os
 import re
 import shlex
 import shutil
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY_RUN
+from hub_server import LoopbackHub
 from test_chat import free_port, server
 
 ROOT = Path(__file__).parent.parent
@@ -60,6 +64,13 @@ NOT_RUN = {
     "accelerate launch": "tests/test_distributed.py (the GPU configs need GPUs)",
     "lm_eval": "tests/test_lm_eval.py runs the lm_eval CLI on a trained folder",
     "trl grpo": "tests/test_posttrain.py runs TRL's grpo command with minirope's reward on a trained folder",
+    "pip install": "installing: make test-wheel installs the built wheel in a new venv and runs its commands",
+    "hf auth login": "logging in: the commands here get the token as HF_TOKEN, from a Hub on 127.0.0.1",
+}
+# Commands with these flags are not run here either: what they need that a page's workspace cannot give.
+NOT_RUN_FLAGS = {
+    "--resume_from_checkpoint": "a run stopped part-way: tests/test_resume.py (a local checkpoint) and "
+    "tests/test_hub.py (a killed run resumed from the Hub's last-checkpoint on a clean folder)",
 }
 SCRIPTS = ("python benchmarks/", "python examples/")
 
@@ -127,13 +138,18 @@ def run_command(command: str, servers: contextlib.ExitStack, workspace: Path) ->
         import importlib
 
         name = program.removeprefix("minirope-")
-        module = importlib.import_module(f"minirope.commands.{name}")
         small = SMALL[name]
         if name == "posttrain":
             from minirope.training.posttraining.arguments import method_of
 
             small = [*small, *SMALL_POSTTRAIN[method_of(words[1:])]]
-        module.run([*words[1:], *small])
+        if "--push_to_hub" in words or any(word.startswith(f"{HUB_USER}/") for word in words):
+            env = hub_env(servers, workspace)
+            result = subprocess.run([sys.executable, "-m", f"minirope.commands.{name}", *words[1:], *small],
+                                    capture_output=True, text=True, env=env, cwd=workspace, timeout=600)  # fmt: skip
+            assert result.returncode == 0, result.stderr[-3000:]
+            return
+        importlib.import_module(f"minirope.commands.{name}").run([*words[1:], *small])
     elif command.startswith(SCRIPTS):
         script = words[1]
         helped = subprocess.run([sys.executable, ROOT / script, "--help"], capture_output=True, text=True, cwd=ROOT)
@@ -151,6 +167,19 @@ def run_command(command: str, servers: contextlib.ExitStack, workspace: Path) ->
         servers.enter_context(server([sys.executable, *words[1:]], f"http://127.0.0.1:{port}/v1/models", log))
     else:
         raise AssertionError(f"a documented command this test does not know how to run: {command}")
+
+
+HUB_USER = "your-name"  # the pages' placeholder user, the loopback Hub's user here
+
+
+def hub_env(servers: contextlib.ExitStack, workspace: Path) -> dict:
+    """The environment of a command that talks to the Hub: a loopback Hub started for the page (once), a token, a
+    cache in the workspace."""
+    hub = getattr(servers, "hub", None)
+    if hub is None:
+        hub = servers.hub = servers.enter_context(LoopbackHub(user=HUB_USER))
+    return {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_XET": "1", "HF_TOKEN": "hf_test",
+            "HF_HOME": str(workspace / "hf-home"), "HF_HUB_OFFLINE": "0"}  # fmt: skip
 
 
 def page_id(page: Path) -> str:
@@ -174,7 +203,7 @@ def follow(page: Path | str, workspace: Path, name: str = "page") -> None:
                 exec(compile(substitute(code), f"{name} block", "exec"), namespace)
             elif kind == "bash":
                 for command in commands(code):
-                    if not command.startswith(tuple(NOT_RUN)):
+                    if not command.startswith(tuple(NOT_RUN)) and not any(flag in command for flag in NOT_RUN_FLAGS):
                         run_command(command, servers, workspace)
 
 
