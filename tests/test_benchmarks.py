@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
@@ -38,6 +39,7 @@ def test_fused_loss_benchmark_compares_with_llama(tmp_path):
     assert row["vocab"] == 512 and row["minirope"]["seconds"] > 0 and row["llama"]["peak_rise_mib"] >= 0
 
 
+@pytest.mark.slow  # 54 s on a 2-core Zen 4: in `make test-slow`, to keep the default run under 15 minutes
 def test_speed_benchmark_compares_the_default_model_with_llama(tmp_path):
     output = tmp_path / "speed.json"
     command = [sys.executable, str(BENCHMARKS / "bench_speed.py"), "--sizes", "default", "--reps", "1",
