@@ -30,6 +30,7 @@ def test_gpu_benchmark_runs_on_cpu_and_writes_every_row(tmp_path):
     assert "| tiny | sdpa | no | no |" in result.stdout
 
 
+@pytest.mark.slow  # 37 s on a 2-core Zen 4: in `make test-slow`, to keep the default run under 15 minutes
 def test_fused_loss_benchmark_compares_with_llama(tmp_path):
     command = [sys.executable, str(BENCHMARKS / "fused_loss.py"), "--vocab", "512", "--reps", "1",
                "--output", str(tmp_path / "loss.json")]  # fmt: skip

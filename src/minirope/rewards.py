@@ -8,8 +8,18 @@ syllables in all and knows every word. What it counts, and what it cannot:
 - Words are the line's runs of letters and apostrophes, lower-cased, split at hyphens and dashes
   (`heart-sick` is `heart` + `sick`); a word CMUdict does not know (`o'er`, `didst`, a made-up name, a number)
   makes the line a miss, never a guess.
-- Stress is not checked: a line of ten syllables in any rhythm scans. Elision the actor would make
+- `scans` does not check stress: a line of ten syllables in any rhythm scans. Elision the actor would make
   (`heaven` as one syllable) is not: CMUdict's first pronunciation counts.
+- `is_iambic` checks stress too: a line is iambic pentameter when it scans and every word of two or more syllables
+  has each primary-stressed syllable (CMUdict's digit 1) on an even position of the line (2, 4, ..., 10) and each
+  unstressed one (digit 0) on an odd position; secondary stress (2) falls anywhere, and so do monosyllables, whose
+  stress the sentence decides. "But soft, what light through yonder window breaks?" is iambic (`yonder` and
+  `window` stressed on 6 and 8), and so is "Shall I compare thee to a summer's day?" (`compare` 0-1 on 3-4);
+  "To be, or not to be, that is the question:" has eleven syllables (its feminine ending is not counted as
+  allowed); "Beautiful is the morning of the day" has ten but puts `beautiful`'s unstressed syllables on 2 and 3.
+  CMUdict's first pronunciation decides: "Now is the winter of our discontent" counts `our` as two syllables and
+  misses. A line of monosyllables only ("When I do count the clock that tells the time") is iambic whenever it
+  has ten syllables: that is the shortcut a model takes, and `polysyllables` counts the words that close it.
 - Speaker headers (`ROMEO:`), stage directions (`[Exit]`, `Enter ...`, `Exeunt`) and empty lines are not lines.
 
 Every reward takes plain-text completions (TRL's standard format) or conversational ones (the last message's
@@ -40,12 +50,55 @@ def word_syllables(word: str) -> int | None:
 
     The word is lower-cased; a word with leading or trailing apostrophes not in CMUdict is looked up without them
     (`'tis` is in CMUdict, `lovers'` is found as `lovers`)."""
+    stresses = word_stresses(word)
+    return None if stresses is None else len(stresses)
+
+
+def word_stresses(word: str) -> str | None:
+    """The stress digits of `word`'s syllables by its first CMUdict pronunciation (`"10"` for `window`: primary,
+    unstressed), or None if CMUdict does not know it (looked up as `word_syllables` looks it up)."""
     dictionary = _dictionary()
     word = word.lower()
     for candidate in (word, word.strip("'")):
         if candidate in dictionary:
-            return sum(phone[-1].isdigit() for phone in dictionary[candidate][0])
+            return "".join(phone[-1] for phone in dictionary[candidate][0] if phone[-1].isdigit())
     return None
+
+
+def words_of(line: str) -> list[str]:
+    """The line's words as the rules read them: lower-cased runs of letters and apostrophes, split at hyphens and
+    dashes."""
+    return [word for word in _WORD.findall(re.sub(r"[-\u2013\u2014]", " ", line.lower())) if word.strip("'")]
+
+
+def line_stresses(line: str) -> list[str] | None:
+    """Each word's stress digits (`word_stresses`), in order; None if a word is unknown or there is none."""
+    stresses = [word_stresses(word) for word in words_of(line)]
+    if not stresses or None in stresses:
+        return None
+    return stresses
+
+
+def is_iambic(line: str) -> bool:
+    """Whether `line` is iambic pentameter by CMUdict's stresses: a verse line of ten known syllables whose words of
+    two or more syllables put primary stress on even positions and unstressed syllables on odd ones (secondary
+    stress and monosyllables anywhere; see the module doc)."""
+    stresses = line_stresses(line) if is_verse_line(line) else None
+    if stresses is None or sum(map(len, stresses)) != SYLLABLES_PER_LINE:
+        return False
+    position = 0  # syllables before the word
+    for word in stresses:
+        if len(word) > 1:
+            for offset, digit in enumerate(word, start=position + 1):
+                if (digit == "1" and offset % 2) or (digit == "0" and not offset % 2):
+                    return False
+        position += len(word)
+    return True
+
+
+def polysyllables(line: str) -> int:
+    """How many of the line's words have two or more syllables (0 for a line with an unknown word)."""
+    return sum(len(word) > 1 for word in line_stresses(line) or [])
 
 
 def is_verse_line(line: str) -> bool:
@@ -56,8 +109,7 @@ def is_verse_line(line: str) -> bool:
 
 def line_syllables(line: str) -> int | None:
     """Syllables of a line, the sum of its words' (`word_syllables`); None if a word is unknown or there is none."""
-    words = _WORD.findall(re.sub(r"[-\u2013\u2014]", " ", line.lower()))
-    counts = [word_syllables(word) for word in words if word.strip("'")]
+    counts = [word_syllables(word) for word in words_of(line)]
     if not counts or None in counts:
         return None
     return sum(counts)
@@ -109,4 +161,24 @@ def syllable_closeness_reward(completions: list, **kwargs) -> list[float]:
     return rewards
 
 
-REWARDS = {"scansion_reward": scansion_reward, "syllable_closeness_reward": syllable_closeness_reward}
+MONOSYLLABIC_CREDIT = 0.25  # what `meter_reward` pays for an iambic line of monosyllables only
+
+
+def meter_reward(completions: list, **kwargs) -> list[float]:
+    """TRL reward for iambic pentameter by stress that strings of monosyllables cannot max out: for each of the first
+    three verse lines, 1 for an iambic line (`is_iambic`) with a word of two or more syllables, `MONOSYLLABIC_CREDIT`
+    (0.25) for an iambic line of monosyllables only, 0 otherwise (a line not written included); the mean over three,
+    in [0, 1]. One in six of the training plays' own iambic lines is monosyllables only (16.3 %)."""
+    rewards = []
+    for completion in completions:
+        lines = verse_lines(completion_text(completion))
+        credit = [(1.0 if polysyllables(line) else MONOSYLLABIC_CREDIT) for line in lines if is_iambic(line)]
+        rewards.append(sum(credit) / LINES_PER_COMPLETION)
+    return rewards
+
+
+REWARDS = {
+    "scansion_reward": scansion_reward,
+    "syllable_closeness_reward": syllable_closeness_reward,
+    "meter_reward": meter_reward,
+}

@@ -8,7 +8,8 @@ On the held-out prompts (never trained on; `minirope.training.posttraining.data`
 - the share of distinct sampled completions (a policy that collapses onto one answer shows here);
 - bits per byte of the validation text, when there is one (`--lm_validation_file`, or the bundled validation plays
   for a model trained on them), each document tokenized whole, as `minirope-pretrain` reports it;
-- for the verse task, the share of sampled lines that scan and are distinct (`verse_measure`).
+- for the verse task, the share of sampled lines that scan, are iambic and are distinct, the share of scanning lines
+  of monosyllables only and the distinct words per word (`verse_measure`).
 """
 
 import tempfile
@@ -135,7 +136,7 @@ class TaskMeasure:
                  for name, value in self.greedy.items()]  # fmt: skip
         parts.append(f"{self.distinct_share:.1%} distinct")
         if self.verse:
-            parts.append(f"{self.verse.scan_share:.1%} of {self.verse.lines} lines scan")
+            parts.append(self.verse.line())
         if self.bits_per_byte is not None:
             parts.append(f"validation {self.bits_per_byte:.4f} bits/byte")
         return ", ".join(parts)

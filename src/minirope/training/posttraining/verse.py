@@ -6,14 +6,16 @@ the training plays its first line too (`SPEAKER:\\n` or `SPEAKER:\\nline\\n`). T
 plays only; the measurement's prompts are headers of the validation plays, so a post-trained model is measured on
 speakers it was not tuned on.
 
-`verse_measure` scores the model's samples of the held-out headers (`minirope.training.posttraining.measures`):
-the share of their lines that scan and the share that are distinct.
+`verse_measure` scores the model's samples of the held-out headers (`minirope.training.posttraining.measures`): the
+share of their lines that scan, that are iambic by stress and that are distinct, and how they get there: the share
+of scanning lines made of monosyllables only, and distinct words per word (a model that games the count writes
+strings of short common words).
 """
 
 import random
 from dataclasses import dataclass
 
-from minirope.rewards import LINES_PER_COMPLETION, scans, verse_lines
+from minirope.rewards import LINES_PER_COMPLETION, is_iambic, polysyllables, scans, verse_lines, words_of
 from minirope.training.corpus import shakespeare_dataset
 
 
@@ -47,20 +49,48 @@ def validation_headers(count: int) -> list[str]:
 
 @dataclass
 class VerseMeasure:
-    """What `verse_measure` found: lines scored, the share that scan, the share that are distinct."""
+    """What `verse_measure` found over the sampled lines: how many, and the shares that scan (ten syllables), are
+    iambic by stress, are distinct; of the lines that scan, the share made of monosyllables only; and the distinct
+    words per word over all lines (comparable between measures of the same number of lines only)."""
 
     lines: int
     scan_share: float
+    iambic_share: float
+    monosyllabic_share: float
+    distinct_word_share: float
     distinct_share: float
 
     def as_dict(self) -> dict:
-        return {"lines": self.lines, "scan_share": self.scan_share, "distinct_share": self.distinct_share}
+        return {
+            "lines": self.lines,
+            "scan_share": self.scan_share,
+            "iambic_share": self.iambic_share,
+            "monosyllabic_scan_share": self.monosyllabic_share,
+            "distinct_words_per_word": self.distinct_word_share,
+            "distinct_share": self.distinct_share,
+        }
+
+    def line(self) -> str:
+        return (
+            f"{self.scan_share:.1%} of {self.lines} lines scan, {self.iambic_share:.1%} iambic, "
+            f"{self.monosyllabic_share:.1%} of scanning lines monosyllables only, "
+            f"{self.distinct_word_share:.3f} distinct words/word"
+        )
 
 
-def verse_measure(completions: list[str]) -> VerseMeasure:
-    """Score the first three verse lines of each completion: the share that scan (`minirope.rewards.scans`) and the
-    share that are distinct (0 lines: zeros)."""
-    lines = [line for text in completions for line in verse_lines(text, LINES_PER_COMPLETION)]
+def verse_measure(completions: list[str], limit: int | None = LINES_PER_COMPLETION) -> VerseMeasure:
+    """Score the first `limit` verse lines of each completion (all with None): see `VerseMeasure` (0 lines: zeros).
+    The rules are `minirope.rewards`' (`scans`, `is_iambic`, `polysyllables`)."""
+    lines = [line for text in completions for line in verse_lines(text, limit)]
     if not lines:
-        return VerseMeasure(0, 0.0, 0.0)
-    return VerseMeasure(len(lines), sum(map(scans, lines)) / len(lines), len(set(lines)) / len(lines))
+        return VerseMeasure(0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    scanning = [line for line in lines if scans(line)]
+    words = [word for line in lines for word in words_of(line)]
+    return VerseMeasure(
+        lines=len(lines),
+        scan_share=len(scanning) / len(lines),
+        iambic_share=sum(map(is_iambic, lines)) / len(lines),
+        monosyllabic_share=sum(polysyllables(line) == 0 for line in scanning) / max(1, len(scanning)),
+        distinct_word_share=len(set(words)) / max(1, len(words)),
+        distinct_share=len(set(lines)) / len(lines),
+    )
