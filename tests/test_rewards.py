@@ -14,6 +14,7 @@ from minirope.rewards import (
     syllable_closeness_reward,
     verse_lines,
     word_syllables,
+    word_variety_reward,
 )
 
 SCANS = "But soft, what light through yonder window breaks?"  # 1+1+1+1+1+2+2+1
@@ -132,3 +133,12 @@ def test_meter_reward_pays_less_for_lines_of_monosyllables_only():
     mixed = f"{SCANS}\n{SONNET_12}\n{ELEVEN}\n"
     assert meter_reward([whole, filler, mixed, ""]) == [1.0, 0.25, (1 + 0.25) / 3, 0.0]
     assert scansion_reward([filler]) == [1.0]  # the count alone cannot tell filler from verse
+
+
+def test_word_variety_reward_pays_words_other_completions_do_not_use():
+    # "the" is in all three completions (1/3 each), "king" in two (1/2), every other word in one (1).
+    completions = ["The king is dead\n", "The king will live\n", "The crows above the field\n", "ROMEO:\n"]
+    the, king = 1 / 3, 1 / 2
+    assert word_variety_reward(completions) == pytest.approx(
+        [(the + king + 1 + 1) / 4, (the + king + 1 + 1) / 4, (the + 1 + 1 + the + 1) / 5, 0.0]
+    )

@@ -177,8 +177,23 @@ def meter_reward(completions: list, **kwargs) -> list[float]:
     return rewards
 
 
+def word_variety_reward(completions: list, **kwargs) -> list[float]:
+    """TRL reward against a shrinking vocabulary, read across the batch TRL scores together: for each completion, the
+    mean over the words of its first three verse lines of `1 / k`, where `k` is how many completions of the batch use
+    the word (1 for a word no other completion uses, 1/16 for one all 16 use); 0 for a completion without words. A
+    policy that writes every line from the same few short words scores low on it however well they scan."""
+    words = [[word for line in verse_lines(completion_text(completion)) for word in words_of(line)]
+             for completion in completions]  # fmt: skip
+    users: dict[str, int] = {}
+    for completion_words in words:
+        for word in set(completion_words):
+            users[word] = users.get(word, 0) + 1
+    return [sum(1 / users[word] for word in ws) / len(ws) if ws else 0.0 for ws in words]
+
+
 REWARDS = {
     "scansion_reward": scansion_reward,
     "syllable_closeness_reward": syllable_closeness_reward,
     "meter_reward": meter_reward,
+    "word_variety_reward": word_variety_reward,
 }

@@ -143,15 +143,14 @@ def model_card(
     how_trained: str,
     *,
     base_model: str | None = None,
-    relation: str = "finetune",
     methods: tuple[str, ...] = (),
     adapter: bool = False,
 ) -> ModelCard:
     """A Hub model card (README.md): metadata with the measured validation metrics, and how to load the model.
 
-    `base_model` (the model the run started from) goes into the metadata, with `base_model_relation` `relation`
-    (the Hub's: `finetune`, `adapter`, `quantized`, `merge`), when it is a Hub id: a local folder means nothing
-    on the Hub, and the training text names it. `methods` are tags for how it was trained (`lora`, `dpo`, ...).
+    `base_model` (the model the run started from) goes into the metadata, with the Hub's `base_model_relation`
+    (`adapter` for an adapter, else `finetune`), when it is a Hub id: a local folder means nothing on the Hub, and
+    the training text names it. `methods` are tags for how it was trained (`lora`, `dpo`, ...).
     """
     on_hub = base_model is not None and not looks_local(base_model)
     results = [
@@ -179,7 +178,7 @@ def model_card(
         tags=["minirope", "rope", "llama", "causal-lm", "text-generation", *methods],
         datasets=[dataset],
         base_model=base_model if on_hub else None,
-        base_model_relation=("adapter" if adapter else relation) if on_hub else None,
+        base_model_relation=("adapter" if adapter else "finetune") if on_hub else None,
         eval_results=results,
     )
     size = f"{config.num_hidden_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} heads"

@@ -78,7 +78,8 @@ class PosttrainArguments:
     reward_funcs: list[str] | None = field(
         default=None,
         metadata={
-            "help": "Rewards by name (minirope's: scansion_reward, syllable_closeness_reward) or import path "
+            "help": "Rewards by name (minirope's: scansion_reward, syllable_closeness_reward, meter_reward, "
+            "word_variety_reward) or import path "
             "(my_rewards.exact_match, imported from the working directory as `trl grpo` does), called as TRL calls "
             "them: prompts, completions, completion_ids and every dataset column as keyword arguments. grpo trains "
             "on them; dpo ranks its own pairs by the first; every method measures them on the held-out prompts. "
