@@ -339,6 +339,7 @@ def test_executorch_logits_match_pytorch_and_the_cache_end_is_refused(client_mod
     assert f"max_context_len {length}, Max seq length exceeded" in capfd.readouterr().err
 
 
+@pytest.mark.slow  # 29 s on a 2-core Zen 4: in `make test-slow`, to keep the default run under 15 minutes
 def test_executorch_8da8w_is_smaller_and_stays_close(client_model, executorch_f32, tmp_path):
     """int8 weights and dynamic int8 activations (torchao, XNNPACK): a smaller file whose last-position logits stay
     near float32's, refused outtypes name the choices."""

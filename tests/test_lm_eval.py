@@ -14,7 +14,6 @@ from minirope.training.corpus import shakespeare_dataset
 EVALS = Path(__file__).parent.parent / "evals"
 
 
-@pytest.mark.slow
 @pytest.mark.client
 def test_lm_eval_bits_per_byte_equals_the_runs_own_evaluation(tmp_path):
     """Same documents (the four validation plays, each tokenized whole), same context (the model's

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import ON_CPU, TINY_RUN
 
 from minirope.commands import pretrain
@@ -26,6 +27,7 @@ def kill_when_written(command: list[str], path) -> None:
     assert process.wait() == -signal.SIGKILL
 
 
+@pytest.mark.slow  # 17 s; the default run resumes a SIGKILLed run exactly through the Hub (tests/test_hub.py)
 def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
     want = pretrain.run([*RUN, "--output_dir", str(tmp_path / "uninterrupted")])
 
