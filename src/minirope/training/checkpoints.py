@@ -90,14 +90,16 @@ def resolve_resume(training_args: TrainingArguments) -> str | None:
     if resume in (None, "", "False", "false"):
         return None
     if resume in ("last", "True", "true"):
-        last = last_complete_checkpoint(training_args.output_dir) or hub_checkpoint(training_args)
+        last = last_complete_checkpoint(training_args.output_dir)  # each one checked by checkpoint_problem
         if last is None:
-            raise FileNotFoundError(
-                f"no complete checkpoint-N folder in {training_args.output_dir} to resume from (nor on the Hub: "
-                f"a run with --push_to_hub --hub_strategy checkpoint pushes its last checkpoint there)."
-            )
-        if problem := checkpoint_problem(Path(last)):
-            raise ValueError(f"--resume_from_checkpoint last: {last} cannot be resumed: {problem}.")
+            last = hub_checkpoint(training_args)
+            if last is None:
+                raise FileNotFoundError(
+                    f"no complete checkpoint-N folder in {training_args.output_dir} to resume from (nor on the Hub: "
+                    f"a run with --push_to_hub --hub_strategy checkpoint pushes its last checkpoint there)."
+                )
+            if problem := checkpoint_problem(Path(last)):  # the download, checked as a local one is
+                raise ValueError(f"--resume_from_checkpoint last: {last} cannot be resumed: {problem}.")
         return last
     if not Path(resume).is_dir():
         raise FileNotFoundError(f"--resume_from_checkpoint {resume} is not a checkpoint folder: check the path.")
