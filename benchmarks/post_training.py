@@ -148,9 +148,11 @@ def interpolate(record: dict, alphas: list[float], args) -> dict:
 
 
 def plot(results: dict, path: Path) -> None:
-    """Lines that scan against validation bits per byte: each GRPO/DPO run (the defaults large, other runs small) and
-    the weight interpolations measured from it (dashed, from the run to the base model)."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    """Left: lines that scan against validation bits per byte, each GRPO/DPO run (the defaults large, other runs small)
+    and the weight interpolations measured from it (dashed, from the run to the base model). Right, for the runs that
+    measured it: lines iambic by stress against distinct words per word (the vocabulary a model games a count with
+    shrinks), with issue 52's aims (50 % iambic, 0.9x the base's words per word)."""
+    fig, (ax, meter) = plt.subplots(1, 2, figsize=(13, 4.8))
     runs = {name: record for name, record in results.items() if record.get("method") in ("grpo", "dpo")}
     base = next((record["before"] for record in runs.values()), None)
     if base:
@@ -170,6 +172,23 @@ def plot(results: dict, path: Path) -> None:
             xs = [base["validation_bits_per_byte"], *(p["validation_bits_per_byte"] for _, p in curve), x]
             ys = [100 * base["scan_share"], *(100 * p["scan_share"] for _, p in curve), y]
             ax.plot(xs, ys, "--", color=color, alpha=0.5, marker=".")
+        if "iambic_share" in after:
+            words, iambic = after["distinct_words_per_word"], 100 * after["iambic_share"]
+            meter.scatter([words], [iambic], color=color, s=110 if default else 25,
+                          edgecolors="black" if default else "none", zorder=2)  # fmt: skip
+            meter.annotate(name.removeprefix("sweep-"), (words, iambic), fontsize=6, xytext=(3, 2),
+                           textcoords="offset points")  # fmt: skip
+    measured = [record["before"] for record in runs.values() if "iambic_share" in record["before"]]
+    if measured:
+        start = measured[0]
+        meter.scatter([start["distinct_words_per_word"]], [100 * start["iambic_share"]], c="black", marker="*", s=150,
+                      label="base model (make demo)", zorder=3)  # fmt: skip
+        meter.axvline(0.9 * start["distinct_words_per_word"], color="grey", linestyle=":", label="0.9x the base's")
+        meter.axhline(50, color="grey", linestyle="--", label="50 % iambic")
+        meter.legend(fontsize=7, loc="lower left")
+    meter.set_xlabel("distinct words per word over the 768 sampled lines (higher: a wider vocabulary)")
+    meter.set_ylabel("sampled lines iambic by stress (%)")
+    meter.set_title("Meter against vocabulary")
     ax.set_xlabel("validation bits per byte (the 4 validation plays, whole text; lower is better)")
     ax.set_ylabel("sampled lines that scan (%)")
     ax.set_title("Post-training the make demo model: lines that scan against forgetting")

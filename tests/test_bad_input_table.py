@@ -412,6 +412,23 @@ CASES = [
         "--reward_funcs broken_rewards.exact: importing broken_rewards failed: NameError: name 'undefined_name'",
     ),
     (POSTTRAIN, [*GRPO, "--lm_coef", "0.5", "--model_name_or_path", "{w}/model-other"], "--lm_coef 0.5 needs the text"),
+    (POSTTRAIN, [*GRPO, "--sft_steps", "-1"], "--sft_steps must be >= 0 (0: no warm start), got -1"),
+    (
+        POSTTRAIN,
+        [*GRPO, "--dataset_name", "{w}/problems", "--reward_funcs", "meter_reward", "--sft_steps", "5"],
+        "--sft_steps needs demonstrations of your task: give --sft_train_file",
+    ),
+    (
+        POSTTRAIN,
+        [*GRPO, "--sft_train_file", "{w}/train.txt", "{w}/pairs.jsonl"],
+        "--sft_train_file: give .txt files or .jsonl/.json/.parquet rows, not both",
+    ),
+    (POSTTRAIN, [*GRPO, "--sft_train_file", "{w}/none.txt"], "--sft_train_file {w}/none.txt does not exist"),
+    (
+        POSTTRAIN,
+        [*GRPO, "--sft_train_file", "{w}/no-chosen.jsonl"],
+        "--sft_train_file has no text, prompt/completion or messages column",
+    ),
     (POSTTRAIN, DISTILL, "--method distill needs --teacher_model_name_or_path"),
     (POSTTRAIN, [*DISTILL, "--teacher_model_name_or_path", "{w}/none"], "'{w}/none': it does not exist"),
     (

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset, DatasetDict
+from huggingface_hub import ModelCard
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 pytest.importorskip("trl")
@@ -20,6 +22,7 @@ pytestmark = pytest.mark.client
 
 from minirope.commands import posttrain  # noqa: E402
 from minirope.training.corpus import BUNDLED_CORPUS, VALIDATION_PLAYS, shakespeare_dataset  # noqa: E402
+from minirope.training.posttraining import corpus  # noqa: E402
 from minirope.training.posttraining.arguments import PosttrainDPOConfig, parse_args  # noqa: E402
 from minirope.training.posttraining.corpus import interpolate_weights  # noqa: E402
 from minirope.training.posttraining.measures import SAMPLING, sample  # noqa: E402
@@ -75,6 +78,33 @@ def test_grpo_with_the_corpus_loss_and_interpolation_writes_a_model_that_loads(t
     logged = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert any("rewards/scansion_reward/mean" in entry for entry in logged)  # TRL's loop ran with minirope's reward
     assert any("lm_loss" in entry for entry in logged)  # the corpus term, logged with TRL's metrics
+
+
+def test_the_warm_start_tunes_first_and_is_grpos_reference_model(tiny_pretrained, tmp_path, monkeypatch):
+    """--sft_steps: TRL's SFTTrainer tunes the model on the verse task's demonstrations before GRPO, and GRPO's KL
+    term is taken against the warm-started model (TRL loads its reference from the path the model's config names),
+    not against the folder the run started from."""
+    seen, add_corpus = {}, corpus.add_corpus
+
+    def spy(trainer, *args):  # called once the method's trainer is built, before it trains
+        seen["model"] = {name: value.clone() for name, value in trainer.model.state_dict().items()}
+        seen["reference"] = trainer.ref_model.state_dict()
+        add_corpus(trainer, *args)
+
+    monkeypatch.setattr(corpus, "add_corpus", spy)
+    out = tmp_path / "warm"
+    posttrain.run([
+        "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
+        *TINY_GRPO, "--sft_steps", "3", "--beta", "0.1",
+    ])  # fmt: skip
+    start = load_file(tiny_pretrained / "model.safetensors")
+    assert all(torch.equal(seen["reference"][name], seen["model"][name]) for name in start)
+    assert not all(torch.equal(seen["model"][name], start[name]) for name in start)  # the warm start moved them
+    written = summary(out)
+    assert written["warm_start"]["steps"] == 3 and "iambic lines" in written["warm_start"]["data"]
+    assert written["warm_start"]["after"]["lines"] > 0 and written["warm_start"]["after"]["validation_bits_per_byte"]
+    assert "SFTTrainer" in (out / "README.md").read_text() and "sft" in ModelCard.load(out / "README.md").data.tags
+    loads_and_generates(out)
 
 
 def test_dpo_builds_pairs_from_its_own_samples_and_writes_them(tiny_pretrained, tmp_path, monkeypatch):
@@ -211,14 +241,19 @@ def test_grpo_on_a_users_dataset_folder_with_a_reward_from_the_working_directory
     shutil.copytree(tiny_pretrained, base)
     run_summary = json.loads((base / "run_summary.json").read_text())
     (base / "run_summary.json").write_text(json.dumps({**run_summary, "training_data": "my-corpus.txt"}))
+    demonstrations = tmp_path / "demonstrations.jsonl"  # the warm start: prompt/completion rows of the task
+    demonstrations.write_text("".join(json.dumps({"prompt": f"{name}:\n", "completion": f"{name[:2].lower()}\n"}) + "\n"
+                                      for name in ("ROMEO", "JULIET", "HAMLET") * 4))  # fmt: skip
     out = tmp_path / "grpo-task"
     posttrain.run([
         "--method", "grpo", "--model_name_or_path", str(base), "--output_dir", str(out), *TINY_POST, *TINY_GRPO,
         "--dataset_name", str(folder), "--reward_funcs", "task_rewards.starts_right",
+        "--sft_train_file", str(demonstrations), "--sft_steps", "2",
     ])  # fmt: skip
     loads_and_generates(out)
     written = summary(out)
     assert written["task"] == "user data" and written["data"] == str(folder)
+    assert written["warm_start"]["steps"] == 2 and written["warm_start"]["data"] == "demonstrations.jsonl"
     assert written["corpus_term"]["lm_coef"] == 0.0 and "my-corpus.txt" in written["corpus_term"]["source"]
     before = written["before"]
     assert before["prompts"] == 1 and before["validation_bits_per_byte"] is None and "scan_share" not in before

@@ -34,7 +34,8 @@ METHOD_TAGS = {"grpo": "grpo", "dpo": "dpo", "distill": "distillation"}  # the m
 @dataclass
 class Setup:
     """What a run trains: the model and its tokenizer, the teacher (distill), the rewards, the data
-    (`TaskData`) and the corpus term (`Corpus`)."""
+    (`TaskData`), the corpus term (`Corpus`) and the warm start's demonstrations (rows and their name; None: no warm
+    start)."""
 
     model: object
     tokenizer: object
@@ -42,11 +43,13 @@ class Setup:
     rewards: list
     data: object
     corpus: object
+    demonstrations: object = None
+    demonstrations_source: str = ""
 
 
 def prepare(args, config) -> Setup:
     """Every check that can fail, before any work: the push (`--push_to_hub`), the output folder, the model, the
-    teacher, the rewards, the data, the corpus term.
+    teacher, the rewards, the data, the corpus term, the warm start's demonstrations.
 
     Raises:
         ValueError, OSError: naming the flag, the folder or the file.
@@ -55,6 +58,7 @@ def prepare(args, config) -> Setup:
     from minirope.training.posttraining.corpus import corpus_of
     from minirope.training.posttraining.data import check_chat_template, load_task_data
     from minirope.training.posttraining.rewards import resolve_reward
+    from minirope.training.posttraining.warm_start import demonstrations as demonstrations_of
 
     check_push(config)
     teacher_path = getattr(config, "teacher_model_name_or_path", None)
@@ -72,6 +76,7 @@ def prepare(args, config) -> Setup:
         )
     rewards = [resolve_reward(name) for name in names]
     corpus = corpus_of(args)
+    demonstrations = demonstrations_of(args, data.verse) if args.warm_start_steps else (None, "")
     model, tokenizer = load_causal_lm(ModelArguments(args.model_name_or_path, config.trust_remote_code, args.revision))
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     check_chat_template(data, tokenizer)
@@ -83,7 +88,7 @@ def prepare(args, config) -> Setup:
     weight = f", weight {corpus.coef}" if corpus.shards else ""
     print(f"[minirope] data: {'the verse task, ' if data.verse else ''}{data.source}; {len(data.held_out)} held-out "
           f"prompts measured; corpus term: {corpus.source}{weight}")  # fmt: skip
-    return Setup(model, tokenizer, teacher, rewards, data, corpus)
+    return Setup(model, tokenizer, teacher, rewards, data, corpus, *demonstrations)
 
 
 def check_teacher(student_tokenizer, teacher_tokenizer) -> None:
@@ -142,13 +147,21 @@ def run(argv: list[str] | None = None) -> dict:
     probe = sample(setup.model, setup.tokenizer, setup.data.held_out.select(range(1)), 2, 16, config.seed, SAMPLING)
     check_rewards(setup.rewards, probe.rows, probe.completions, probe.completion_ids)
     before = measure(setup, args, config)
+    warm, warm_folder = None, None
+    if args.warm_start_steps:
+        from minirope.training.posttraining.warm_start import warm_start
+
+        setup.model, warm_folder = warm_start(setup.model, setup.tokenizer, setup.demonstrations, args, config)
+        print(f"[minirope] warm start: {args.warm_start_steps} steps of SFT on {setup.demonstrations_source}")
+        warm = measure(setup, args, config)
     train = setup.data.train if setup.data.train is not None else own_preference_pairs(setup, args, config)
     start_weights = (  # kept only to interpolate with
         {name: param.detach().clone() for name, param in setup.model.named_parameters()}
         if args.weight_interpolation < 1
         else {}
     )
-    if args.revision != "main":  # TRL loads the reference model (DPO, GRPO with a KL term) again from the model's id
+    if args.revision != "main" and not warm_folder:  # TRL loads the reference model (DPO, GRPO with a KL term) again
+        # from the model's id (after a warm start: its local folder)
         config.model_init_kwargs = {**(config.model_init_kwargs or {}), "revision": args.revision}
     method_kwargs = {"grpo": {"reward_funcs": setup.rewards}, "distill": {"teacher_model": setup.teacher}}
     trainer = TRAINERS[args.method](
@@ -158,13 +171,15 @@ def run(argv: list[str] | None = None) -> dict:
         processing_class=setup.tokenizer,
         **method_kwargs.get(args.method, {}),
     )
+    if warm_folder:
+        warm_folder.cleanup()  # the trainer has read its reference model from it
     add_corpus(trainer, setup.corpus, args, config.seed)
     remove_old_checkpoints(config.output_dir)
     train_metrics = trainer.train().metrics
     interpolate_weights(trainer.model, start_weights, args.weight_interpolation)
     setup.model = trainer.model
     after = measure(setup, args, config)
-    return report(trainer, setup, args, before, after, train_metrics)
+    return report(trainer, setup, args, before, after, train_metrics, warm)
 
 
 def measure(setup: Setup, args, config):
@@ -191,7 +206,7 @@ def teacher_flops(trainer) -> float:
     return trainer.state.num_input_tokens_seen * training_flops_per_token(teacher, length) / 3
 
 
-def report(trainer, setup: Setup, args, before, after, train_metrics: dict) -> dict:
+def report(trainer, setup: Setup, args, before, after, train_metrics: dict, warm=None) -> dict:
     """Write the folder (model, tokenizer, card, metrics, summary, samples) and print the before -> after line."""
     config = trainer.args
     steps, base = trainer.state.global_step, args.model_name_or_path
@@ -212,6 +227,14 @@ def report(trainer, setup: Setup, args, before, after, train_metrics: dict) -> d
         "beta": getattr(config, "beta", None),
         "corpus_term": {"source": setup.corpus.source, "lm_coef": setup.corpus.coef if setup.corpus.shards else 0.0},
         "weight_interpolation": args.weight_interpolation,
+        "warm_start": {
+            "steps": args.warm_start_steps,
+            "data": setup.demonstrations_source,
+            "learning_rate": args.sft_learning_rate,
+            "after": warm.as_dict(),
+        }
+        if warm
+        else None,  # fmt: skip
         "train_seconds": round(train_metrics.get("train_runtime", 0.0), 1),
         "tokens_seen": trainer.state.num_input_tokens_seen,
         "teacher_model_flops": teacher_flops(trainer) if args.method == "distill" else 0,
@@ -221,16 +244,23 @@ def report(trainer, setup: Setup, args, before, after, train_metrics: dict) -> d
     }
     what = {"grpo": f"TRL's GRPOTrainer with {', '.join(summary['reward_funcs'])}", "dpo": "TRL's DPOTrainer",
             "distill": f"TRL's DistillationTrainer from `{summary['teacher']}`"}[args.method]  # fmt: skip
+    warmed = (
+        f" after a warm start ({args.warm_start_steps} steps of TRL's SFTTrainer on "
+        f"{setup.demonstrations_source}, lr {args.sft_learning_rate}; then: {warm.line()})"
+        if warm
+        else ""
+    )
     how_trained = (
-        f"Post-trained from `{base}` with `minirope-posttrain` ({what}) on {summary['data']}: {steps} steps, lr "
-        f"{config.learning_rate}, corpus term: {setup.corpus.source} (weight {summary['corpus_term']['lm_coef']}), "
+        f"Post-trained from `{base}` with `minirope-posttrain` ({what}){warmed} on {summary['data']}: {steps} steps, "
+        f"lr {config.learning_rate}, corpus term: {setup.corpus.source} (weight {summary['corpus_term']['lm_coef']}), "
         f"weight interpolation {args.weight_interpolation}. Measured on {after.prompts} held-out prompts, before: "
         f"{before.line()}; after: {after.line()}."
     )
     eval_metrics = {f"before_{METRIC}": before.bits_per_byte, METRIC: after.bits_per_byte}
     eval_metrics = {key: value for key, value in eval_metrics.items() if value is not None}
+    methods = (METHOD_TAGS[args.method], "trl", *(["sft"] if warm else []))
     card = model_card(Path(config.output_dir).name, trainer.model.config, eval_metrics, setup.data.source, how_trained,
-                      base_model=base, methods=(METHOD_TAGS[args.method], "trl"))  # fmt: skip
+                      base_model=base, methods=methods)  # fmt: skip
     seconds = summary["train_seconds"]
     line = f"{before.line()} -> {after.line()} in {steps} steps, {seconds:.0f} s; written to {config.output_dir}/"
     finish_run(trainer, train_metrics=train_metrics, eval_metrics=eval_metrics, card=card, summary=summary,

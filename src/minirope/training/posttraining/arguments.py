@@ -19,6 +19,7 @@ from minirope.training.arguments import parse_cli_args
 METHODS = ("grpo", "dpo", "distill")
 LM_COEF = {"grpo": 0.2, "dpo": 0.3, "distill": 0.0}  # measured in docs/post_training.md
 VERSE_REWARD = "scansion_reward"
+SFT_STEPS = {"grpo": 150, "dpo": 150, "distill": 0}  # the warm start, measured in docs/post_training.md
 
 
 def retuned(config: type, name: str, default: object) -> object:
@@ -123,6 +124,24 @@ class PosttrainArguments:
         },
     )
     lm_batch_size: int = field(default=4, metadata={"help": "Corpus blocks per micro-batch for the corpus term."})
+    sft_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "A warm start: steps of supervised fine-tuning (TRL's SFTTrainer) before the method, on "
+            "--sft_train_file, or for the verse task on the training plays cut to their iambic lines with a word of "
+            "two or more syllables. "
+            f"Default: {', '.join(f'{method} {steps}' for method, steps in SFT_STEPS.items())} where there are "
+            "demonstrations (the verse task, --sft_train_file), else 0."
+        },
+    )
+    sft_train_file: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "The warm start's demonstrations of your task: .jsonl/.json/.parquet rows in TRL's SFT formats "
+            "(text, prompt/completion, messages), or .txt files (each one text row)."
+        },
+    )
+    sft_learning_rate: float = field(default=3e-4, metadata={"help": "The warm start's peak learning rate."})
     weight_interpolation: float = field(
         default=1.0, metadata={"help": "Saved weights = start + a * (tuned - start), a in (0, 1] (WiSE-FT)."}
     )
@@ -145,6 +164,10 @@ class PosttrainArguments:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}.")
         if self.method == "dpo" and self.samples_per_prompt < 2:
             raise ValueError("--samples_per_prompt must be >= 2 to rank a pair: e.g. 8.")
+        if self.sft_steps is not None and self.sft_steps < 0:
+            raise ValueError(f"--sft_steps must be >= 0 (0: no warm start), got {self.sft_steps}.")
+        if not self.sft_learning_rate > 0:
+            raise ValueError(f"--sft_learning_rate must be > 0, got {self.sft_learning_rate}: e.g. 3e-4.")
         if self.lm_coef is not None and self.lm_coef < 0:
             raise ValueError(f"--lm_coef must be >= 0, got {self.lm_coef}.")
         if not 0 < self.weight_interpolation <= 1:
@@ -162,6 +185,13 @@ class PosttrainArguments:
     def verse_task(self) -> bool:
         """No data given: the showcase task on the bundled plays."""
         return not (self.dataset_name or self.train_file)
+
+    @property
+    def warm_start_steps(self) -> int:
+        """`--sft_steps`, or its default: `SFT_STEPS` where there are demonstrations, else 0."""
+        if self.sft_steps is not None:
+            return self.sft_steps
+        return SFT_STEPS[self.method] if self.verse_task or self.sft_train_file else 0
 
 
 @dataclass

