@@ -65,18 +65,21 @@ def test_grpo_with_the_corpus_loss_and_interpolation_writes_a_model_that_loads(t
     ])  # fmt: skip
     loads_and_generates(out)
     written = summary(out)
-    assert written["steps"] == 2 and written["method"] == "grpo" and written["reward_funcs"] == ["scansion_reward"]
+    assert written["steps"] == 2 and written["method"] == "grpo"
+    assert written["reward_funcs"] == ["meter_reward", "word_variety_reward"]  # the verse task's defaults
     for side in ("before", "after"):
         assert written[side]["lines"] > 0 and 0 <= written[side]["scan_share"] <= 1
         assert 0 < written[side]["distinct_share"] <= 1 and 0 < written[side]["validation_bits_per_byte"] < 20
-        assert 0 <= written[side]["rewards_sampled"]["scansion_reward"] <= 1
+        assert 0 <= written[side]["rewards_sampled"]["meter_reward"] <= 1
+        assert 0 <= written[side]["iambic_share"] <= written[side]["scan_share"]
     assert result["after"] == written["after"]
     assert len(written["samples"]) == 2 and written["samples"][0]["before"]["prompt"].endswith(":\n")
     assert written["corpus_term"]["lm_coef"] == 0.5 and BUNDLED_CORPUS in written["corpus_term"]["source"]
     card = (out / "README.md").read_text()
     assert "minirope-posttrain" in card and "GRPOTrainer" in card and "scan" in card
     logged = json.loads((out / "trainer_state.json").read_text())["log_history"]
-    assert any("rewards/scansion_reward/mean" in entry for entry in logged)  # TRL's loop ran with minirope's reward
+    assert any("rewards/meter_reward/mean" in entry for entry in logged)  # TRL's loop ran with minirope's rewards
+    assert any("rewards/word_variety_reward/mean" in entry for entry in logged)
     assert any("lm_loss" in entry for entry in logged)  # the corpus term, logged with TRL's metrics
 
 
@@ -148,7 +151,8 @@ def test_distillation_from_a_teacher_writes_a_model_that_loads(tiny_pretrained, 
     ])  # fmt: skip
     loads_and_generates(out)
     written = summary(out)
-    assert written["teacher"] == str(tiny_pretrained) and written["reward_funcs"] == ["scansion_reward"]  # measured
+    assert written["teacher"] == str(tiny_pretrained)
+    assert written["reward_funcs"] == ["meter_reward", "word_variety_reward"]  # measured, not trained on
 
 
 def test_trl_grpo_cli_runs_minirope_reward_on_a_minirope_folder(tiny_pretrained, tmp_path):
@@ -216,7 +220,7 @@ def test_the_method_is_parsed_from_a_json_arguments_file_and_tuned_flags_keep_tr
     args, config = parse_args([str(arguments)])
     assert args.method == "dpo" and isinstance(config, PosttrainDPOConfig) and config.max_steps == 3
     args, config = parse_args(["--model", "m", "--method=dpo"])
-    assert isinstance(config, PosttrainDPOConfig) and config.learning_rate == 1e-4
+    assert isinstance(config, PosttrainDPOConfig) and config.learning_rate == 5e-5  # minirope's, not TRL's 1e-6
     help_text = PosttrainDPOConfig.__dataclass_fields__["learning_rate"].metadata["help"]
     assert help_text and "learning rate" in help_text.lower()  # TRL's own help, kept where minirope re-defaults
 
@@ -278,7 +282,7 @@ def test_the_corpus_term_gives_the_same_update_with_gradient_accumulation(tiny_p
         "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), *TINY_POST, "--max_steps", "1",
         "--reward_funcs", "flat.flat", "--beta", "0", "--optim", "sgd", "--learning_rate", "1", "--max_grad_norm", "0",
         "--lr_scheduler_type", "constant", "--num_generations", "2", "--max_completion_length", "8",
-        "--lm_train_file", str(corpus), "--lm_coef", "1",
+        "--lm_train_file", str(corpus), "--lm_coef", "1", "--sft_steps", "0",
     ]  # fmt: skip
     runs = {
         "one": ["--per_device_train_batch_size", "4", "--lm_batch_size", "4"],

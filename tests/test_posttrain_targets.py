@@ -1,5 +1,5 @@
-"""The post-training targets of docs/post_training.md, end to end with the defaults (marked slow: `make test-slow`; not
-marked `client`, which the default run includes)."""
+"""The post-training defaults of docs/post_training.md, end to end (marked slow: `make test-slow`; not marked
+`client`, which the default run includes)."""
 
 import pytest
 
@@ -9,16 +9,23 @@ from minirope.commands import posttrain, pretrain  # noqa: E402
 
 
 @pytest.mark.slow
-def test_defaults_reach_the_targets_from_the_default_model(tmp_path):
-    """docs/post_training.md's runs (about 20 minutes on 2 cores): from the `make demo` model, GRPO's defaults make at
-    least 60 % of sampled lines scan and DPO's at least 40 % (the base: about 20 %), with at least 90 % of lines
-    distinct and whole-text validation bits per byte at most 0.05 above the base's."""
+def test_defaults_reach_what_the_docs_measured_from_the_default_model(tmp_path):
+    """docs/post_training.md's runs (about 15 minutes on 2 cores): from the `make demo` model, each method's defaults
+    (a warm start, then `meter_reward` and `word_variety_reward`) write more iambic lines than the base without
+    gaming them: at most a quarter of the scanning lines monosyllables only, the vocabulary per word near the base's,
+    at least 90 % of lines distinct, whole-text validation bits per byte near the base's. The thresholds leave room
+    for the spread between runs (docs/post_training.md), below what the docs measured: GRPO 47.7 % iambic."""
     base = tmp_path / "base"
     pretrain.run(["--output_dir", str(base), "--sample_max_new_tokens", "0"])
-    for method, target in (("grpo", 0.60), ("dpo", 0.40)):
+    # method: iambic share at least, monosyllables-only share at most, words per word at least x the base's, drift
+    limits = {"grpo": (0.40, 0.25, 0.85, 0.04), "dpo": (0.30, 0.45, 0.65, 0.05)}
+    for method, (iambic, monosyllabic, words, drift) in limits.items():
         result = posttrain.run(["--method", method, "--model_name_or_path", str(base), "--output_dir",
                                 str(tmp_path / method)])  # fmt: skip
         before, after = result["before"], result["after"]
-        assert after["lines"] >= 200 and after["scan_share"] >= target, (method, after)
+        assert after["lines"] >= 700 and after["iambic_share"] >= iambic, (method, after)
+        assert after["iambic_share"] >= 2 * before["iambic_share"], (method, before, after)
+        assert after["monosyllabic_scan_share"] <= monosyllabic, (method, after)
+        assert after["distinct_words_per_word"] >= words * before["distinct_words_per_word"], (method, before, after)
         assert after["distinct_share"] >= 0.9, (method, after)
-        assert after["validation_bits_per_byte"] <= before["validation_bits_per_byte"] + 0.05, (method, after)
+        assert after["validation_bits_per_byte"] <= before["validation_bits_per_byte"] + drift, (method, after)

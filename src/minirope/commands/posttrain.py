@@ -7,10 +7,11 @@
     minirope-posttrain --method grpo --model_name_or_path runs/minirope-shakespeare   # no data: the verse task
 
 The training loops are TRL's (`GRPOTrainer`, `DPOTrainer`, `DistillationTrainer`); `--help` with a `--method` lists
-that method's TRL config flags. The data, the rewards, the corpus term and the measures are
-`minirope.training.posttraining`'s: before and after, each run measures the rewards on held-out prompts (greedy and
-sampled), the share of distinct completions and, where there is validation text, its bits per byte; they go to the
-output folder (`run_summary.json`) and its model card.
+that method's TRL config flags. The data, the rewards, the warm start (TRL's `SFTTrainer` on demonstrations, before
+the method: `--sft_steps`), the corpus term and the measures are `minirope.training.posttraining`'s: before and after
+(and after the warm start), each run measures the rewards on held-out prompts (greedy and sampled), the share of
+distinct completions and, where there is validation text, its bits per byte; they go to the output folder
+(`run_summary.json`) and its model card.
 """
 
 import importlib.util
@@ -54,7 +55,7 @@ def prepare(args, config) -> Setup:
     Raises:
         ValueError, OSError: naming the flag, the folder or the file.
     """
-    from minirope.training.posttraining.arguments import VERSE_REWARD
+    from minirope.training.posttraining.arguments import VERSE_REWARDS
     from minirope.training.posttraining.corpus import corpus_of
     from minirope.training.posttraining.data import check_chat_template, load_task_data
     from minirope.training.posttraining.rewards import resolve_reward
@@ -67,7 +68,7 @@ def prepare(args, config) -> Setup:
     inputs = {"--model_name_or_path": args.model_name_or_path, "--teacher_model_name_or_path": teacher_path}
     check_output(config.output_dir, "--output_dir", inputs)
     data = load_task_data(args, config.seed)
-    names = args.reward_funcs or ([VERSE_REWARD] if data.verse else [])
+    names = args.reward_funcs or (VERSE_REWARDS if data.verse else [])
     if not names and (args.method == "grpo" or data.train is None):
         what = "trains on" if args.method == "grpo" else "ranks its own samples by"
         raise ValueError(

@@ -10,9 +10,12 @@
                 the dataset's columns), checked before training; DPO's pairs from the model's own ranked samples
     corpus      the language-modelling term on the user's pretraining text (ptx), mixed into TRL's updates, and
                 the interpolation of the tuned weights with the starting ones (WiSE-FT)
+    warm_start  supervised fine-tuning (TRL's SFTTrainer) on demonstrations of the task before the method, the
+                warm-started model the method's reference
     measures    what a run bought and cost, before and after: each reward on the held-out prompts (greedy and
                 sampled), the share of distinct completions, bits per byte on the validation text
-    verse       the showcase task used when no data is given: prompts from the plays, lines that scan
+    verse       the showcase task used when no data is given: prompts from the plays, its demonstrations (the
+                plays cut to their iambic lines), lines that scan and are iambic
 
 The training loops are TRL's; nothing here is an RL or preference loop of its own. Importing this package imports
 nothing heavy; its modules import TRL.

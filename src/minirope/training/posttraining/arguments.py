@@ -17,8 +17,9 @@ from trl import DistillationConfig, DPOConfig, GRPOConfig
 from minirope.training.arguments import parse_cli_args
 
 METHODS = ("grpo", "dpo", "distill")
-LM_COEF = {"grpo": 0.2, "dpo": 0.3, "distill": 0.0}  # measured in docs/post_training.md
-VERSE_REWARD = "scansion_reward"
+LM_COEF = {"grpo": 0.2, "dpo": 0.5, "distill": 0.0}  # measured in docs/post_training.md
+VERSE_REWARDS = ["meter_reward", "word_variety_reward"]  # measured in docs/post_training.md
+PROMPTS, VERSE_PROMPTS = 4096, 1024  # --num_prompts' defaults
 SFT_STEPS = {"grpo": 150, "dpo": 150, "distill": 0}  # the warm start, measured in docs/post_training.md
 
 
@@ -84,19 +85,23 @@ class PosttrainArguments:
             "(my_rewards.exact_match, imported from the working directory as `trl grpo` does), called as TRL calls "
             "them: prompts, completions, completion_ids and every dataset column as keyword arguments. grpo trains "
             "on them; dpo ranks its own pairs by the first; every method measures them on the held-out prompts. "
-            f"Default: {VERSE_REWARD} for the verse task; needed for grpo on your data."
+            f"Default: {' '.join(VERSE_REWARDS)} for the verse task; needed for grpo on your data."
         },
     )
-    num_prompts: int = field(
-        default=4096,
-        metadata={"help": "At most this many training prompts (the verse task draws them from the training plays)."},
+    num_prompts: int | None = field(
+        default=None,
+        metadata={
+            "help": f"At most this many training prompts: default {PROMPTS}, and {VERSE_PROMPTS} for the verse task "
+            "(drawn from the training plays: as many as GRPO's default steps use, and dpo samples each "
+            "--samples_per_prompt times for its own pairs)."
+        },
     )
     samples_per_prompt: int = field(default=8, metadata={"help": "dpo: samples of each prompt ranked for a pair."})
     min_reward_margin: float = field(
         default=0.5,
         metadata={
             "help": "dpo's own pairs: keep a prompt's best and worst samples as a pair only when their rewards differ "
-            "by at least this (with scansion_reward, 0.5 keeps a chosen with two of three lines that scan against a "
+            "by at least this (with meter_reward, 0.5 keeps a chosen with two of three lines iambic against a "
             "rejected with none)."
         },
     )
@@ -187,6 +192,13 @@ class PosttrainArguments:
         return not (self.dataset_name or self.train_file)
 
     @property
+    def prompt_limit(self) -> int:
+        """`--num_prompts`, or its default: `VERSE_PROMPTS` for the verse task, else `PROMPTS`."""
+        if self.num_prompts is not None:
+            return self.num_prompts
+        return VERSE_PROMPTS if self.verse_task else PROMPTS
+
+    @property
     def warm_start_steps(self) -> int:
         """`--sft_steps`, or its default: `SFT_STEPS` where there are demonstrations, else 0."""
         if self.sft_steps is not None:
@@ -212,14 +224,14 @@ class CpuDefaults:
 @dataclass
 class PosttrainGRPOConfig(CpuDefaults, GRPOConfig):
     output_dir: str = retuned(GRPOConfig, "output_dir", "runs/minirope-grpo")
-    learning_rate: float = retuned(GRPOConfig, "learning_rate", 2e-4)
+    learning_rate: float = retuned(GRPOConfig, "learning_rate", 4e-4)
     beta: float = retuned(GRPOConfig, "beta", 0.04)
     num_generations: int | None = retuned(GRPOConfig, "num_generations", 8)
     per_device_train_batch_size: int = retuned(GRPOConfig, "per_device_train_batch_size", 16)
     max_completion_length: int | None = retuned(GRPOConfig, "max_completion_length", 48)
     temperature: float = retuned(GRPOConfig, "temperature", 0.8)
     top_k: int = retuned(GRPOConfig, "top_k", 50)
-    max_steps: int = retuned(GRPOConfig, "max_steps", 1000)
+    max_steps: int = retuned(GRPOConfig, "max_steps", 500)
 
     def __post_init__(self) -> None:
         if self.num_generations is not None and self.num_generations < 2:
@@ -233,12 +245,12 @@ class PosttrainGRPOConfig(CpuDefaults, GRPOConfig):
 @dataclass
 class PosttrainDPOConfig(CpuDefaults, DPOConfig):
     output_dir: str = retuned(DPOConfig, "output_dir", "runs/minirope-dpo")
-    learning_rate: float = retuned(DPOConfig, "learning_rate", 1e-4)
+    learning_rate: float = retuned(DPOConfig, "learning_rate", 5e-5)
     beta: float = retuned(DPOConfig, "beta", 0.1)
     # DPO's loss plus the chosen completions' negative log-likelihood (RPO, Pang et al. 2024), summed.
     loss_type: list[str] = retuned(DPOConfig, "loss_type", ["sigmoid", "sft"])
     per_device_train_batch_size: int = retuned(DPOConfig, "per_device_train_batch_size", 8)
-    num_train_epochs: float = retuned(DPOConfig, "num_train_epochs", 2.0)
+    num_train_epochs: float = retuned(DPOConfig, "num_train_epochs", 1.0)
     max_length: int | None = retuned(DPOConfig, "max_length", 128)
 
     def __post_init__(self) -> None:

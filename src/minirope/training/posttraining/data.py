@@ -76,7 +76,7 @@ def load_task_data(args: PosttrainArguments, seed: int) -> TaskData:
     held_out = first_rows(prompts_of_pairs(held_out) if pairs else held_out, args.eval_prompts)
     if pairs:
         return TaskData(train, held_out, None, source, verse=False)
-    prompts = first_rows(train, args.num_prompts)
+    prompts = first_rows(train, args.prompt_limit)
     if args.method == "dpo":
         return TaskData(None, held_out, prompts, source, verse=False)
     return TaskData(prompts, held_out, None, source, verse=False)
@@ -85,7 +85,7 @@ def load_task_data(args: PosttrainArguments, seed: int) -> TaskData:
 def verse_data(args: PosttrainArguments, seed: int) -> TaskData:
     """The verse task: prompts from the training plays (dpo: to sample its own pairs), the validation plays' speaker
     headers held out."""
-    prompts = Dataset.from_dict({"prompt": training_prompts(args.num_prompts, seed)})
+    prompts = Dataset.from_dict({"prompt": training_prompts(args.prompt_limit, seed)})
     held_out = Dataset.from_dict({"prompt": validation_headers(args.eval_prompts or VERSE_EVAL_PROMPTS)})
     if args.method == "dpo":
         return TaskData(None, held_out, prompts, BUNDLED_CORPUS, verse=True)
