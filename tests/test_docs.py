@@ -143,6 +143,8 @@ def run_command(command: str, servers: contextlib.ExitStack, workspace: Path) ->
             from minirope.training.posttraining.arguments import method_of
 
             small = [*small, *SMALL_POSTTRAIN[method_of(words[1:])]]
+            if not {"--dataset_name", "--train_file"} & set(words):  # the verse task: a short warm start
+                small = [*small, "--sft_steps", "2"]
         if "--push_to_hub" in words or any(word.startswith(f"{HUB_USER}/") for word in words):
             env = hub_env(servers, workspace)
             result = subprocess.run([sys.executable, "-m", f"minirope.commands.{name}", *words[1:], *small],

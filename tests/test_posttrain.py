@@ -29,10 +29,11 @@ from minirope.training.posttraining.measures import SAMPLING, sample  # noqa: E4
 from minirope.training.posttraining.rewards import own_pairs  # noqa: E402
 from minirope.training.posttraining.verse import training_prompts, validation_headers  # noqa: E402
 
-# A few steps at the tiny model's size: 2 prompts x 2 completions of 8 tokens a step, 2 x 2 samples measured.
+# A few steps at the tiny model's size: 2 prompts x 2 completions of 8 tokens a step, 2 x 2 samples measured, a
+# warm start of 2 steps.
 TINY_POST = [
     "--max_steps", "2", "--num_prompts", "8", "--eval_prompts", "2", "--eval_samples_per_prompt", "2",
-    "--eval_max_new_tokens", "8", "--logging_steps", "1",
+    "--eval_max_new_tokens", "8", "--logging_steps", "1", "--sft_steps", "2",
 ]  # fmt: skip
 TINY_GRPO = ["--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "8"]
 # A reward with spread on a tiny model's text (its lines never scan): longer completions score higher.
@@ -57,14 +58,32 @@ def summary(folder: Path) -> dict:
     return json.loads((folder / "run_summary.json").read_text())
 
 
-def test_grpo_with_the_corpus_loss_and_interpolation_writes_a_model_that_loads(tiny_pretrained, tmp_path):
+def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model_that_loads(tiny_pretrained, tmp_path,
+                                                                                          monkeypatch):  # fmt: skip
+    """The warm start (TRL's SFTTrainer on the verse task's demonstrations) moves the weights before GRPO, and GRPO's
+    KL term is taken against the warm-started model (TRL loads its reference from the path the model's config
+    names), not against the folder the run started from."""
+    seen, add_corpus = {}, corpus.add_corpus
+
+    def spy(trainer, *args):  # called once the method's trainer is built, before it trains
+        seen["model"] = {name: value.clone() for name, value in trainer.model.state_dict().items()}
+        seen["reference"] = trainer.ref_model.state_dict()
+        add_corpus(trainer, *args)
+
+    monkeypatch.setattr(corpus, "add_corpus", spy)
     out = tmp_path / "grpo"
     result = posttrain.run([
         "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
         *TINY_GRPO, "--lm_coef", "0.5", "--lm_batch_size", "2", "--weight_interpolation", "0.5",
     ])  # fmt: skip
     loads_and_generates(out)
+    start = load_file(tiny_pretrained / "model.safetensors")
+    assert all(torch.equal(seen["reference"][name], seen["model"][name]) for name in start)
+    assert not all(torch.equal(seen["model"][name], start[name]) for name in start)  # the warm start moved them
     written = summary(out)
+    assert written["warm_start"]["steps"] == 2 and "iambic lines" in written["warm_start"]["data"]
+    assert written["warm_start"]["after"]["lines"] > 0 and written["warm_start"]["after"]["validation_bits_per_byte"]
+    assert "SFTTrainer" in (out / "README.md").read_text() and "sft" in ModelCard.load(out / "README.md").data.tags
     assert written["steps"] == 2 and written["method"] == "grpo"
     assert written["reward_funcs"] == ["meter_reward", "word_variety_reward"]  # the verse task's defaults
     for side in ("before", "after"):
@@ -81,33 +100,6 @@ def test_grpo_with_the_corpus_loss_and_interpolation_writes_a_model_that_loads(t
     assert any("rewards/meter_reward/mean" in entry for entry in logged)  # TRL's loop ran with minirope's rewards
     assert any("rewards/word_variety_reward/mean" in entry for entry in logged)
     assert any("lm_loss" in entry for entry in logged)  # the corpus term, logged with TRL's metrics
-
-
-def test_the_warm_start_tunes_first_and_is_grpos_reference_model(tiny_pretrained, tmp_path, monkeypatch):
-    """--sft_steps: TRL's SFTTrainer tunes the model on the verse task's demonstrations before GRPO, and GRPO's KL
-    term is taken against the warm-started model (TRL loads its reference from the path the model's config names),
-    not against the folder the run started from."""
-    seen, add_corpus = {}, corpus.add_corpus
-
-    def spy(trainer, *args):  # called once the method's trainer is built, before it trains
-        seen["model"] = {name: value.clone() for name, value in trainer.model.state_dict().items()}
-        seen["reference"] = trainer.ref_model.state_dict()
-        add_corpus(trainer, *args)
-
-    monkeypatch.setattr(corpus, "add_corpus", spy)
-    out = tmp_path / "warm"
-    posttrain.run([
-        "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
-        *TINY_GRPO, "--sft_steps", "3", "--beta", "0.1",
-    ])  # fmt: skip
-    start = load_file(tiny_pretrained / "model.safetensors")
-    assert all(torch.equal(seen["reference"][name], seen["model"][name]) for name in start)
-    assert not all(torch.equal(seen["model"][name], start[name]) for name in start)  # the warm start moved them
-    written = summary(out)
-    assert written["warm_start"]["steps"] == 3 and "iambic lines" in written["warm_start"]["data"]
-    assert written["warm_start"]["after"]["lines"] > 0 and written["warm_start"]["after"]["validation_bits_per_byte"]
-    assert "SFTTrainer" in (out / "README.md").read_text() and "sft" in ModelCard.load(out / "README.md").data.tags
-    loads_and_generates(out)
 
 
 def test_dpo_builds_pairs_from_its_own_samples_and_writes_them(tiny_pretrained, tmp_path, monkeypatch):
@@ -134,7 +126,7 @@ def test_dpo_trains_on_a_preference_file(tiny_pretrained, tmp_path):
     out = tmp_path / "dpo-file"
     posttrain.run([
         "--method", "dpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
-        "--train_file", str(pairs), "--per_device_train_batch_size", "2", "--max_length", "32",
+        "--train_file", str(pairs), "--per_device_train_batch_size", "2", "--max_length", "32", "--sft_steps", "0",
     ])  # fmt: skip
     loads_and_generates(out)
     assert not (out / "preference_pairs.jsonl").exists()  # the user's pairs are used as given

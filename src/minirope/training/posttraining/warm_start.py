@@ -57,7 +57,7 @@ def demonstrations(args, verse: bool) -> tuple[Dataset, str]:
 
 
 def warm_start(model, tokenizer, rows: Dataset, args, config) -> tuple[object, tempfile.TemporaryDirectory]:
-    """`args.sft_steps` steps of `SFTTrainer` on `rows` at `args.sft_learning_rate` (cosine, 5 warm-up steps, batch
+    """`args.warm_start_steps` steps of `SFTTrainer` on `rows` at `args.sft_learning_rate` (cosine, 5 warm-up steps, batch
     `config.per_device_train_batch_size`, the method's precision and seed); the tuned model, loaded back from the
     temporary folder returned with it (keep it until the method's trainer is built: TRL reads its reference model
     from there)."""
@@ -84,5 +84,5 @@ def warm_start(model, tokenizer, rows: Dataset, args, config) -> tuple[object, t
     trainer.train()
     trainer.save_model(folder.name)
     tokenizer.save_pretrained(folder.name)
-    tuned, _ = load_causal_lm(ModelArguments(folder.name))
+    tuned, _ = load_causal_lm(ModelArguments(folder.name, config.trust_remote_code))
     return tuned, folder
