@@ -57,8 +57,8 @@ def demonstrations(args, verse: bool) -> tuple[Dataset, str]:
 
 
 def warm_start(model, tokenizer, rows: Dataset, args, config) -> tuple[object, tempfile.TemporaryDirectory]:
-    """`args.warm_start_steps` steps of `SFTTrainer` on `rows` at `args.sft_learning_rate` (cosine, 5 warm-up steps, batch
-    `config.per_device_train_batch_size`, the method's precision and seed); the tuned model, loaded back from the
+    """`args.warm_start_steps` steps of `SFTTrainer` on `rows` at `args.sft_learning_rate` (cosine, 5 warm-up steps,
+    batch `config.per_device_train_batch_size`, the method's precision and seed); the tuned model, loaded back from the
     temporary folder returned with it (keep it until the method's trainer is built: TRL reads its reference model
     from there)."""
     folder = tempfile.TemporaryDirectory(prefix="minirope-warm-start-")
