@@ -423,7 +423,9 @@ CASES = [
         [*GRPO, "--sft_train_file", "{w}/train.txt", "{w}/pairs.jsonl"],
         "--sft_train_file: give .txt files or .jsonl/.json/.parquet rows, not both",
     ),
-    (POSTTRAIN, [*GRPO, "--sft_train_file", "{w}/none.txt"], "--sft_train_file {w}/none.txt does not exist"),
+    (POSTTRAIN, [*GRPO, "--sft_train_file", "{w}/none.txt"], "data file {w}/none.txt does not exist"),
+    (POSTTRAIN, [*GRPO, "--sft_train_file", "{w}/demos-*.jsonl"], "--sft_train_file {w}/demos-*.jsonl matches no file"),
+    (POSTTRAIN, [*GRPO, "--sft_batch_size", "0"], "--sft_batch_size must be >= 1, got 0"),
     (
         POSTTRAIN,
         [*GRPO, "--sft_train_file", "{w}/no-chosen.jsonl"],

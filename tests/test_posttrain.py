@@ -20,9 +20,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 pytest.importorskip("trl")
 pytestmark = pytest.mark.client
 
+from trl import SFTTrainer  # noqa: E402
+
 from minirope.commands import posttrain  # noqa: E402
 from minirope.training.corpus import BUNDLED_CORPUS, VALIDATION_PLAYS, shakespeare_dataset  # noqa: E402
-from minirope.training.posttraining import corpus  # noqa: E402
+from minirope.training.posttraining import corpus, warm_start  # noqa: E402
 from minirope.training.posttraining.arguments import PosttrainDPOConfig, parse_args  # noqa: E402
 from minirope.training.posttraining.corpus import interpolate_weights  # noqa: E402
 from minirope.training.posttraining.measures import SAMPLING, sample  # noqa: E402
@@ -62,7 +64,7 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
                                                                                           monkeypatch):  # fmt: skip
     """The warm start (TRL's SFTTrainer on the verse task's demonstrations) moves the weights before GRPO, and GRPO's
     KL term is taken against the warm-started model (TRL loads its reference from the path the model's config
-    names), not against the folder the run started from."""
+    names), not against the folder the run started from. The corpus term takes part in the warm start's updates."""
     seen, add_corpus = {}, corpus.add_corpus
 
     def spy(trainer, *args):  # called once the method's trainer is built, before it trains
@@ -70,7 +72,12 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
         seen["reference"] = trainer.ref_model.state_dict()
         add_corpus(trainer, *args)
 
+    def warm_spy(trainer, *args):
+        seen["warm_start"] = trainer
+        add_corpus(trainer, *args)
+
     monkeypatch.setattr(corpus, "add_corpus", spy)
+    monkeypatch.setattr(warm_start, "add_corpus", warm_spy)
     out = tmp_path / "grpo"
     result = posttrain.run([
         "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
@@ -82,6 +89,9 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
     assert not all(torch.equal(seen["model"][name], start[name]) for name in start)  # the warm start moved them
     written = summary(out)
     assert written["warm_start"]["steps"] == 2 and "iambic lines" in written["warm_start"]["data"]
+    assert written["warm_start"]["batch_size"] == 8
+    warm_logged = seen["warm_start"].state.log_history
+    assert isinstance(seen["warm_start"], SFTTrainer) and sum("lm_loss" in entry for entry in warm_logged) == 2
     assert written["warm_start"]["after"]["lines"] > 0 and written["warm_start"]["after"]["validation_bits_per_byte"]
     assert "SFTTrainer" in (out / "README.md").read_text() and "sft" in ModelCard.load(out / "README.md").data.tags
     assert written["steps"] == 2 and written["method"] == "grpo"

@@ -35,8 +35,7 @@ METHOD_TAGS = {"grpo": "grpo", "dpo": "dpo", "distill": "distillation"}  # the m
 @dataclass
 class Setup:
     """What a run trains: the model and its tokenizer, the teacher (distill), the rewards, the data
-    (`TaskData`), the corpus term (`Corpus`) and the warm start's demonstrations (rows and their name; None: no warm
-    start)."""
+    (`TaskData`), the corpus term (`Corpus`) and the warm start (`WarmStart`; None: none)."""
 
     model: object
     tokenizer: object
@@ -44,8 +43,7 @@ class Setup:
     rewards: list
     data: object
     corpus: object
-    demonstrations: object = None
-    demonstrations_source: str = ""
+    warm: object = None
 
 
 def prepare(args, config) -> Setup:
@@ -59,7 +57,7 @@ def prepare(args, config) -> Setup:
     from minirope.training.posttraining.corpus import corpus_of
     from minirope.training.posttraining.data import check_chat_template, load_task_data
     from minirope.training.posttraining.rewards import resolve_reward
-    from minirope.training.posttraining.warm_start import demonstrations as demonstrations_of
+    from minirope.training.posttraining.warm_start import demonstrations
 
     check_push(config)
     teacher_path = getattr(config, "teacher_model_name_or_path", None)
@@ -77,7 +75,7 @@ def prepare(args, config) -> Setup:
         )
     rewards = [resolve_reward(name) for name in names]
     corpus = corpus_of(args)
-    demonstrations = demonstrations_of(args, data.verse) if args.warm_start_steps else (None, "")
+    warm = demonstrations(args, data.verse) if args.warm_start_steps else None
     model, tokenizer = load_causal_lm(ModelArguments(args.model_name_or_path, config.trust_remote_code, args.revision))
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     check_chat_template(data, tokenizer)
@@ -89,7 +87,7 @@ def prepare(args, config) -> Setup:
     weight = f", weight {corpus.coef}" if corpus.shards else ""
     print(f"[minirope] data: {'the verse task, ' if data.verse else ''}{data.source}; {len(data.held_out)} held-out "
           f"prompts measured; corpus term: {corpus.source}{weight}")  # fmt: skip
-    return Setup(model, tokenizer, teacher, rewards, data, corpus, *demonstrations)
+    return Setup(model, tokenizer, teacher, rewards, data, corpus, warm)
 
 
 def check_teacher(student_tokenizer, teacher_tokenizer) -> None:
@@ -148,13 +146,13 @@ def run(argv: list[str] | None = None) -> dict:
     probe = sample(setup.model, setup.tokenizer, setup.data.held_out.select(range(1)), 2, 16, config.seed, SAMPLING)
     check_rewards(setup.rewards, probe.rows, probe.completions, probe.completion_ids)
     before = measure(setup, args, config)
-    warm, warm_folder = None, None
-    if args.warm_start_steps:
+    warm_folder = None
+    if setup.warm:
         from minirope.training.posttraining.warm_start import warm_start
 
-        setup.model, warm_folder = warm_start(setup.model, setup.tokenizer, setup.demonstrations, args, config)
-        print(f"[minirope] warm start: {args.warm_start_steps} steps of SFT on {setup.demonstrations_source}")
-        warm = measure(setup, args, config)
+        setup.model, warm_folder = warm_start(setup.model, setup.tokenizer, setup.warm, setup.corpus, args, config)
+        print(f"[minirope] warm start: {args.warm_start_steps} steps of SFT on {setup.warm.source}")
+        setup.warm.measured = measure(setup, args, config)
     train = setup.data.train if setup.data.train is not None else own_preference_pairs(setup, args, config)
     start_weights = (  # kept only to interpolate with
         {name: param.detach().clone() for name, param in setup.model.named_parameters()}
@@ -180,7 +178,7 @@ def run(argv: list[str] | None = None) -> dict:
     interpolate_weights(trainer.model, start_weights, args.weight_interpolation)
     setup.model = trainer.model
     after = measure(setup, args, config)
-    return report(trainer, setup, args, before, after, train_metrics, warm)
+    return report(trainer, setup, args, before, after, train_metrics)
 
 
 def measure(setup: Setup, args, config):
@@ -207,9 +205,9 @@ def teacher_flops(trainer) -> float:
     return trainer.state.num_input_tokens_seen * training_flops_per_token(teacher, length) / 3
 
 
-def report(trainer, setup: Setup, args, before, after, train_metrics: dict, warm=None) -> dict:
+def report(trainer, setup: Setup, args, before, after, train_metrics: dict) -> dict:
     """Write the folder (model, tokenizer, card, metrics, summary, samples) and print the before -> after line."""
-    config = trainer.args
+    config, warm = trainer.args, setup.warm
     steps, base = trainer.state.global_step, args.model_name_or_path
     from minirope.training.posttraining.rewards import reward_name
 
@@ -230,9 +228,10 @@ def report(trainer, setup: Setup, args, before, after, train_metrics: dict, warm
         "weight_interpolation": args.weight_interpolation,
         "warm_start": {
             "steps": args.warm_start_steps,
-            "data": setup.demonstrations_source,
+            "data": warm.source,
             "learning_rate": args.sft_learning_rate,
-            "after": warm.as_dict(),
+            "batch_size": args.sft_batch_size,
+            "after": warm.measured.as_dict(),
         }
         if warm
         else None,  # fmt: skip
@@ -247,7 +246,7 @@ def report(trainer, setup: Setup, args, before, after, train_metrics: dict, warm
             "distill": f"TRL's DistillationTrainer from `{summary['teacher']}`"}[args.method]  # fmt: skip
     warmed = (
         f" after a warm start ({args.warm_start_steps} steps of TRL's SFTTrainer on "
-        f"{setup.demonstrations_source}, lr {args.sft_learning_rate}; then: {warm.line()})"
+        f"{warm.source}, lr {args.sft_learning_rate}; then: {warm.measured.line()})"
         if warm
         else ""
     )

@@ -21,6 +21,7 @@ LM_COEF = {"grpo": 0.2, "dpo": 0.5, "distill": 0.0}  # measured in docs/post_tra
 VERSE_REWARDS = ["meter_reward", "word_variety_reward"]  # measured in docs/post_training.md
 PROMPTS, VERSE_PROMPTS = 4096, 1024  # --num_prompts' defaults
 SFT_STEPS = {"grpo": 150, "dpo": 150, "distill": 0}  # the warm start, measured in docs/post_training.md
+SFT_BATCH_SIZE = 8  # the warm start's rows a step, measured in docs/post_training.md
 
 
 def retuned(config: type, name: str, default: object) -> object:
@@ -147,6 +148,7 @@ class PosttrainArguments:
         },
     )
     sft_learning_rate: float = field(default=3e-4, metadata={"help": "The warm start's peak learning rate."})
+    sft_batch_size: int = field(default=SFT_BATCH_SIZE, metadata={"help": "The warm start's rows (blocks) a step."})
     weight_interpolation: float = field(
         default=1.0, metadata={"help": "Saved weights = start + a * (tuned - start), a in (0, 1] (WiSE-FT)."}
     )
@@ -163,8 +165,8 @@ class PosttrainArguments:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"--method {self.method!r} is not one of {', '.join(METHODS)}.")
-        for name in ("num_prompts", "samples_per_prompt", "lm_batch_size", "eval_prompts", "eval_samples_per_prompt",
-                     "eval_max_new_tokens"):  # fmt: skip
+        for name in ("num_prompts", "samples_per_prompt", "lm_batch_size", "sft_batch_size", "eval_prompts",
+                     "eval_samples_per_prompt", "eval_max_new_tokens"):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}.")
         if self.method == "dpo" and self.samples_per_prompt < 2:
