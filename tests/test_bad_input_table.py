@@ -426,6 +426,17 @@ CASES = [
     (POSTTRAIN, [*GRPO, "--sft_train_file", "{w}/none.txt"], "data file {w}/none.txt does not exist"),
     (POSTTRAIN, [*GRPO, "--sft_train_file", "{w}/demos-*.jsonl"], "--sft_train_file {w}/demos-*.jsonl matches no file"),
     (POSTTRAIN, [*GRPO, "--sft_batch_size", "0"], "--sft_batch_size must be >= 1, got 0"),
+    (POSTTRAIN, [*GRPO, "--sft_lm_coef", "-1"], "--sft_lm_coef must be >= 0, got -1"),
+    (
+        POSTTRAIN,
+        [*DPO, "--reward_weights", "1"],
+        "--reward_weights: 1 given for 2 rewards (meter_reward, word_variety_reward",
+    ),
+    (
+        POSTTRAIN,
+        [*GRPO, "--sft_lm_coef", "0.5", "--model_name_or_path", "{w}/model-other"],
+        "--sft_lm_coef 0.5 needs the text",
+    ),
     (
         POSTTRAIN,
         [*GRPO, "--sft_train_file", "{w}/no-chosen.jsonl"],

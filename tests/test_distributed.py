@@ -119,6 +119,7 @@ FULLY_SHARDED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # FSDP2 on two processes (~16 s); torchrun and accelerate DDP are checked in the default run
 def test_fully_sharded_fsdp2_matches_one_process_and_saves_a_folder_that_loads(tmp_path):
     """FSDP2 (`fully_shard`, one unit per decoder layer) on 2 CPU processes, against the same optimizer steps on
     one process with the whole batch: equal losses within float32 summation order (1e-5 relative), and a

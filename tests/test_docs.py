@@ -189,6 +189,9 @@ def page_id(page: Path) -> str:
 
 
 WITH_CODE = [page for page in PAGES if any(kind in ("python", "bash") for kind, _ in blocks(page))]
+# Pages whose commands the default run covers elsewhere, followed in `make test-slow` only (about 50 s together):
+# exports (tests/test_export.py, test_hub.py and the exports benchmark's smoke run), long context (test_extend.py).
+SLOW_PAGES = {"docs/exports.md", "docs/long_context.md"}
 
 
 def follow(page: Path | str, workspace: Path, name: str = "page") -> None:
@@ -210,7 +213,11 @@ def follow(page: Path | str, workspace: Path, name: str = "page") -> None:
 
 
 @pytest.mark.client
-@pytest.mark.parametrize("page", WITH_CODE, ids=page_id)
+@pytest.mark.parametrize(
+    "page",
+    [pytest.param(page, marks=[pytest.mark.slow] if page_id(page) in SLOW_PAGES else []) for page in WITH_CODE],
+    ids=page_id,
+)
 def test_every_block_of_the_page_runs(page, workspace):
     follow(page, workspace, page_id(page))
 

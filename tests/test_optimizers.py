@@ -62,6 +62,7 @@ def test_hidden_matrices_go_to_muon_the_rest_to_adamw_and_the_schedule_reaches_b
     del scheduler
 
 
+@pytest.mark.slow  # two pretraining runs (~16 s); the AdamW resume is checked in the default run
 def test_a_muon_run_resumed_from_a_checkpoint_equals_one_never_stopped(tmp_path):
     run = [
         *TINY_RUN,

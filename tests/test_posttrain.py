@@ -81,7 +81,7 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
     out = tmp_path / "grpo"
     result = posttrain.run([
         "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
-        *TINY_GRPO, "--lm_coef", "0.5", "--lm_batch_size", "2", "--weight_interpolation", "0.5",
+        *TINY_GRPO, "--lm_coef", "0.5", "--sft_lm_coef", "1", "--lm_batch_size", "2", "--weight_interpolation", "0.5",
     ])  # fmt: skip
     loads_and_generates(out)
     start = load_file(tiny_pretrained / "model.safetensors")
@@ -89,7 +89,8 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
     assert not all(torch.equal(seen["model"][name], start[name]) for name in start)  # the warm start moved them
     written = summary(out)
     assert written["warm_start"]["steps"] == 2 and "iambic lines" in written["warm_start"]["data"]
-    assert written["warm_start"]["batch_size"] == 8
+    assert written["warm_start"]["batch_size"] == 8 and written["warm_start"]["lm_coef"] == 1
+    assert seen["warm_start"].lm_coef == 1
     warm_logged = seen["warm_start"].state.log_history
     assert isinstance(seen["warm_start"], SFTTrainer) and sum("lm_loss" in entry for entry in warm_logged) == 2
     assert written["warm_start"]["after"]["lines"] > 0 and written["warm_start"]["after"]["validation_bits_per_byte"]
@@ -113,18 +114,19 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
 
 
 def test_dpo_builds_pairs_from_its_own_samples_and_writes_them(tiny_pretrained, tmp_path, monkeypatch):
-    (tmp_path / "my_rewards.py").write_text(LENGTH_REWARD)
+    shortness = "def shortness_reward(completions, **kwargs):\n    return [-2.0 * len(c) for c in completions]\n"
+    (tmp_path / "my_rewards.py").write_text(LENGTH_REWARD + shortness)  # weighted 1 and 0: ranked by length
     monkeypatch.chdir(tmp_path)  # the reward module is found in the working directory, as `trl grpo` finds it
     monkeypatch.setattr(sys, "path", [path for path in sys.path if path not in ("", str(tmp_path))])
     out = tmp_path / "dpo"
     posttrain.run([
         "--method", "dpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
-        "--reward_funcs", "my_rewards.length_reward", "--samples_per_prompt", "3", "--per_device_train_batch_size", "2",
-        "--max_length", "32",
+        "--reward_funcs", "my_rewards.length_reward", "my_rewards.shortness_reward", "--reward_weights", "1", "0",
+        "--samples_per_prompt", "3", "--per_device_train_batch_size", "2", "--max_length", "32",
     ])  # fmt: skip
     loads_and_generates(out)
     pairs = [json.loads(line) for line in (out / "preference_pairs.jsonl").read_text().splitlines()]
-    assert pairs and all(len(pair["chosen"]) > len(pair["rejected"]) for pair in pairs)  # ranked by the reward
+    assert pairs and all(len(pair["chosen"]) > len(pair["rejected"]) for pair in pairs)  # ranked by the weighted sum
     assert {pair["prompt"] for pair in pairs} <= set(training_prompts(8, seed=42))  # TrainingArguments.seed
     assert summary(out)["steps"] == 2 and summary(out)["tokens_seen"] > 0
 
@@ -204,16 +206,28 @@ def test_own_pairs_keep_only_prompts_whose_samples_differ_in_reward(tiny_pretrai
     tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
     rows = Dataset.from_dict({"prompt": ["ROMEO:\n"], "speaker": ["ROMEO"]})
     samples = sample(model, tokenizer, rows, 4, 8, 0, SAMPLING)
-    assert own_pairs(samples, lambda completions, **kw: [0.0] * len(completions)) == []  # no preference, no pair
+    assert own_pairs(samples, [lambda completions, **kw: [0.0] * len(completions)]) == []  # no preference, no pair
     lengths = lambda completions, **kw: [len(c) for c in completions]  # noqa: E731
-    ranked = own_pairs(samples, lengths)
+    ranked = own_pairs(samples, [lengths])
     assert len(ranked) == 1 and len(ranked[0]["chosen"]) > len(ranked[0]["rejected"])
     assert ranked[0]["speaker"] == "ROMEO"  # the row's other columns travel with the pair
     spread = len(ranked[0]["chosen"]) - len(ranked[0]["rejected"])
-    assert own_pairs(samples, lengths, margin=spread) == ranked
-    assert own_pairs(samples, lengths, margin=spread + 1) == []
+    assert own_pairs(samples, [lengths], margin=spread) == ranked
+    assert own_pairs(samples, [lengths], margin=spread + 1) == []
     columns = lambda completions, speaker, **kw: [float(s == "ROMEO") for s in speaker]  # noqa: E731
-    assert own_pairs(samples, columns) == []  # called with the row's columns, as TRL calls rewards
+    assert own_pairs(samples, [columns]) == []  # called with the row's columns, as TRL calls rewards
+    # Rewards are summed: a second reward that prefers short completions by more cancels the first's ranking.
+    shorter = lambda completions, **kw: [-2.0 * len(c) for c in completions]  # noqa: E731
+    flipped = own_pairs(samples, [lengths, shorter])
+    assert len(flipped[0]["chosen"]) == len(ranked[0]["rejected"])
+    assert len(flipped[0]["rejected"]) == len(ranked[0]["chosen"])
+    assert own_pairs(samples, [lengths, shorter], weights=[1.0, 0.0]) == ranked  # weighted as GRPO weights them
+    none_for_short = lambda completions, **kw: [None if len(c) < 999 else 1.0 for c in completions]  # noqa: E731
+    assert own_pairs(samples, [lengths, none_for_short]) == ranked  # None adds nothing
+    two = sample(model, tokenizer, Dataset.from_dict({"prompt": ["ROMEO:\n", "JULIET:\n"]}), 3, 8, 0, SAMPLING)
+    groups = []
+    own_pairs(two, [lambda completions, **kw: groups.append(list(completions)) or [0.0] * len(completions)])
+    assert groups == [two.completions[:3], two.completions[3:]]  # each prompt's completions scored together
 
 
 def test_the_method_is_parsed_from_a_json_arguments_file_and_tuned_flags_keep_trl_help(tmp_path):

@@ -11,21 +11,23 @@ from minirope.commands import posttrain, pretrain  # noqa: E402
 @pytest.mark.slow
 def test_defaults_reach_what_the_docs_measured_from_the_default_model(tmp_path):
     """docs/post_training.md's runs (about 15 minutes on 2 cores): from the `make demo` model, each method's defaults
-    (a warm start, then `meter_reward` and `word_variety_reward`) write at least twice the base's iambic lines, at
-    least 90 % of lines distinct, with whole-text validation bits per byte near the base's; GRPO without the gaming
-    issue 52 saw (at most a quarter of scanning lines monosyllables only, 0.8x the base's words per word), DPO with
-    looser limits (it narrows the vocabulary: the docs say how far). The thresholds leave room for the spread between
-    runs: the docs measured GRPO's defaults at 39.8 % iambic, and 54.7 % with another seed."""
+    (a warm start with the corpus term, then `meter_reward` and `word_variety_reward`) write at least twice the base's
+    iambic lines (DPO 1.8x), at least 90 % of lines distinct, with whole-text validation bits per byte near the
+    base's; GRPO without the gaming issue 52 saw (at most a quarter of scanning lines monosyllables only), DPO with
+    looser limits. The thresholds sit below every run the docs measured (GRPO 39.5 % and 46.2 % iambic at two seeds,
+    0.82-0.90x the base's words per word, +0.026-0.028 bits per byte; DPO 29.6 %, 34 % monosyllables, 0.83x, +0.023),
+    with room for the spread between runs."""
     base = tmp_path / "base"
     pretrain.run(["--output_dir", str(base), "--sample_max_new_tokens", "0"])
-    # method: iambic share at least, monosyllables-only share at most, words per word at least x the base's, drift
-    limits = {"grpo": (0.35, 0.25, 0.8, 0.045), "dpo": (0.30, 0.45, 0.65, 0.05)}
-    for method, (iambic, monosyllabic, words, drift) in limits.items():
+    # method: iambic share at least, and x the base's; monosyllables-only share at most; words per word at least x the
+    # base's; drift at most
+    limits = {"grpo": (0.35, 2.0, 0.25, 0.75, 0.035), "dpo": (0.25, 1.8, 0.40, 0.75, 0.035)}
+    for method, (iambic, gain, monosyllabic, words, drift) in limits.items():
         result = posttrain.run(["--method", method, "--model_name_or_path", str(base), "--output_dir",
                                 str(tmp_path / method)])  # fmt: skip
         before, after = result["before"], result["after"]
         assert after["lines"] >= 700 and after["iambic_share"] >= iambic, (method, after)
-        assert after["iambic_share"] >= 2 * before["iambic_share"], (method, before, after)
+        assert after["iambic_share"] >= gain * before["iambic_share"], (method, before, after)
         assert after["monosyllabic_scan_share"] <= monosyllabic, (method, after)
         assert after["distinct_words_per_word"] >= words * before["distinct_words_per_word"], (method, before, after)
         assert after["distinct_share"] >= 0.9, (method, after)

@@ -77,6 +77,7 @@ def test_context_extension(tmp_path):
     assert (tmp_path / "context_extension.png").is_file() and "| model, inference |" in printed
 
 
+@pytest.mark.slow  # the context-extension benchmark (~16 s); test_extend.py covers the code it runs
 def test_long_context(tmp_path, tiny_pretrained):
     printed = run_script(
         "benchmarks/long_context.py", "--base", tiny_pretrained, "--factors", "2", "--types", "yarn", "--seeds", "1",
@@ -103,6 +104,7 @@ def test_classify_plays(tmp_path, tiny_pretrained):
 
 
 @pytest.mark.client
+@pytest.mark.slow  # SFT on conversations, then served (~22 s); test_chat.py checks both in the default run
 def test_shakespeare_chat(tmp_path, tiny_pretrained):
     printed = run_script(
         "examples/shakespeare_chat.py", "--model", tiny_pretrained, "--output_dir", tmp_path / "chat",

@@ -220,6 +220,7 @@ def test_memory_of_the_data_path_does_not_grow_with_the_document(plays, tokenize
     assert 3_000_000 <= sample <= 3_000_000 + 4 * PIECE_CHARS
 
 
+@pytest.mark.slow  # two processes (~35 s); test_distributed.py checks two against one on blocks in memory
 def test_tiny_streaming_pretraining_runs_and_two_processes_match_one(shards, tmp_path):
     """Two processes under torchrun: each reads the shuffled stream and keeps its half of every global batch, so
     no block is trained twice and the losses equal one process with the same global batch; resumed from a

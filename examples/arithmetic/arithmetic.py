@@ -13,7 +13,8 @@ Steps, each a real command in its own process:
 3. `minirope-posttrain --method grpo --dataset_name data/problems --reward_funcs arithmetic_rewards.exact_match
    arithmetic_rewards.first_number --reward_weights 1 0` (GRPO trains on the first, the second is measured only),
    run from this folder so the rewards import from the working directory, as `trl grpo` imports them.
-4. The same with `--method dpo`: pairs of the model's own samples ranked by `exact_match`.
+4. The same with `--method dpo`: pairs of the model's own samples ranked by `exact_match` (the same
+   `--reward_weights 1 0`).
 Prints a table of exact-match accuracy (greedy; `exact_match`: the answer alone, `first_number`: the first number
 whatever follows) before and after, and writes it to `<output_dir>/arithmetic.json`.
 """
@@ -110,8 +111,9 @@ def main() -> None:
                 "--num_generations", "16", "--beta", "0", "--temperature", "1.0"]  # fmt: skip
         dpo = ["--num_prompts", "512"]
     common = ["--eval_max_new_tokens", "8", "--overwrite_output_dir", "True", "--reward_funcs", *REWARDS]
-    post += ["--max_completion_length", "8", "--reward_weights", *REWARD_WEIGHTS]
+    post += ["--max_completion_length", "8"]
     dpo += ["--max_length", "48"]
+    common += ["--reward_weights", *REWARD_WEIGHTS]
     model = out / "base"
     pretrain = ["--train_file", str(data / "pretrain.jsonl"), "--output_dir", str(model), "--overwrite_output_dir",
                 "True", *size]  # fmt: skip

@@ -74,6 +74,10 @@ def prepare(args, config) -> Setup:
             f"a function (prompts, completions, **columns) -> list[float])."
         )
     rewards = [resolve_reward(name) for name in names]
+    weights = getattr(config, "reward_weights", None)
+    if weights is not None and len(weights) != len(rewards):
+        raise ValueError(f"--reward_weights: {len(weights)} given for {len(rewards)} rewards ({', '.join(names)}): "
+                         f"give one weight per reward.")  # fmt: skip
     corpus = corpus_of(args)
     warm = demonstrations(args, data.verse) if args.warm_start_steps else None
     model, tokenizer = load_causal_lm(ModelArguments(args.model_name_or_path, config.trust_remote_code, args.revision))
@@ -85,6 +89,7 @@ def prepare(args, config) -> Setup:
         teacher, teacher_tokenizer = load_causal_lm(ModelArguments(teacher_path, config.trust_remote_code))
         check_teacher(tokenizer, teacher_tokenizer)
     weight = f", weight {corpus.coef}" if corpus.shards else ""
+    weight += f" (warm start {corpus.warm_coef})" if corpus.shards and warm else ""
     print(f"[minirope] data: {'the verse task, ' if data.verse else ''}{data.source}; {len(data.held_out)} held-out "
           f"prompts measured; corpus term: {corpus.source}{weight}")  # fmt: skip
     return Setup(model, tokenizer, teacher, rewards, data, corpus, warm)
@@ -104,8 +109,8 @@ def check_teacher(student_tokenizer, teacher_tokenizer) -> None:
 
 
 def own_preference_pairs(setup: Setup, args, config) -> Dataset:
-    """dpo without pairs: pairs from the model's own samples ranked by the first reward, written to the output
-    folder (`preference_pairs.jsonl`) for the user to read and reuse.
+    """dpo without pairs: pairs from the model's own samples ranked by the rewards' sum (`--reward_weights`), written
+    to the output folder (`preference_pairs.jsonl`) for the user to read and reuse.
 
     Raises:
         ValueError: no prompt's samples differ in reward.
@@ -115,7 +120,7 @@ def own_preference_pairs(setup: Setup, args, config) -> Dataset:
 
     samples = sample(setup.model, setup.tokenizer, setup.data.pair_prompts, args.samples_per_prompt,
                      args.eval_max_new_tokens, config.seed, SAMPLING)  # fmt: skip
-    pairs = own_pairs(samples, setup.rewards[0], args.min_reward_margin)
+    pairs = own_pairs(samples, setup.rewards, args.min_reward_margin, config.reward_weights)
     if not pairs:
         raise ValueError(f"no preference pairs: no prompt's samples differ in reward by --min_reward_margin "
                          f"{args.min_reward_margin} or more; lower it, raise --samples_per_prompt or --num_prompts, or "
@@ -172,7 +177,7 @@ def run(argv: list[str] | None = None) -> dict:
     )
     if warm_folder:
         warm_folder.cleanup()  # the trainer has read its reference model from it
-    add_corpus(trainer, setup.corpus, args, config.seed)
+    add_corpus(trainer, setup.corpus, setup.corpus.coef, args, config.seed)
     remove_old_checkpoints(config.output_dir)
     train_metrics = trainer.train().metrics
     interpolate_weights(trainer.model, start_weights, args.weight_interpolation)
@@ -231,6 +236,7 @@ def report(trainer, setup: Setup, args, before, after, train_metrics: dict) -> d
             "data": warm.source,
             "learning_rate": args.sft_learning_rate,
             "batch_size": args.sft_batch_size,
+            "lm_coef": setup.corpus.warm_coef if setup.corpus.shards else 0.0,
             "after": warm.measured.as_dict(),
         }
         if warm
@@ -246,7 +252,8 @@ def report(trainer, setup: Setup, args, before, after, train_metrics: dict) -> d
             "distill": f"TRL's DistillationTrainer from `{summary['teacher']}`"}[args.method]  # fmt: skip
     warmed = (
         f" after a warm start ({args.warm_start_steps} steps of TRL's SFTTrainer on "
-        f"{warm.source}, lr {args.sft_learning_rate}; then: {warm.measured.line()})"
+        f"{warm.source}, lr {args.sft_learning_rate}, corpus term weight {summary['warm_start']['lm_coef']}; then: "
+        f"{warm.measured.line()})"
         if warm
         else ""
     )

@@ -7,11 +7,12 @@
     data        the training rows and the held-out prompts: a `datasets` folder or Hub id and its splits, files,
                 or (nothing given) the verse task's prompts from the bundled plays; TRL's standard formats
     rewards     rewards by name or import path, called as TRL calls them (prompts, completions, completion ids and
-                the dataset's columns), checked before training; DPO's pairs from the model's own ranked samples
+                the dataset's columns), checked before training; DPO's pairs from the model's own samples ranked by
+                the rewards' sum
     corpus      the language-modelling term on the user's pretraining text (ptx), mixed into TRL's updates, and
                 the interpolation of the tuned weights with the starting ones (WiSE-FT)
-    warm_start  supervised fine-tuning (TRL's SFTTrainer) on demonstrations of the task before the method, the
-                warm-started model the method's reference
+    warm_start  supervised fine-tuning (TRL's SFTTrainer) on demonstrations of the task before the method, with
+                the corpus term; the warm-started model the method's reference
     measures    what a run bought and cost, before and after: each reward on the held-out prompts (greedy and
                 sampled), the share of distinct completions, bits per byte on the validation text
     verse       the showcase task used when no data is given: prompts from the plays, its demonstrations (the

@@ -17,11 +17,12 @@ from trl import DistillationConfig, DPOConfig, GRPOConfig
 from minirope.training.arguments import parse_cli_args
 
 METHODS = ("grpo", "dpo", "distill")
-LM_COEF = {"grpo": 0.2, "dpo": 0.5, "distill": 0.0}  # measured in docs/post_training.md
+LM_COEF = {"grpo": 0.4, "dpo": 0.5, "distill": 0.0}  # measured in docs/post_training.md
 VERSE_REWARDS = ["meter_reward", "word_variety_reward"]  # measured in docs/post_training.md
 PROMPTS, VERSE_PROMPTS = 4096, 1024  # --num_prompts' defaults
-SFT_STEPS = {"grpo": 150, "dpo": 150, "distill": 0}  # the warm start, measured in docs/post_training.md
+SFT_STEPS = {"grpo": 300, "dpo": 300, "distill": 0}  # the warm start, measured in docs/post_training.md
 SFT_BATCH_SIZE = 8  # the warm start's rows a step, measured in docs/post_training.md
+SFT_LM_COEF = 0.5  # the corpus term's weight during the warm start, measured in docs/post_training.md
 
 
 def retuned(config: type, name: str, default: object) -> object:
@@ -149,6 +150,13 @@ class PosttrainArguments:
     )
     sft_learning_rate: float = field(default=3e-4, metadata={"help": "The warm start's peak learning rate."})
     sft_batch_size: int = field(default=SFT_BATCH_SIZE, metadata={"help": "The warm start's rows (blocks) a step."})
+    sft_lm_coef: float | None = field(
+        default=None,
+        metadata={
+            "help": f"The corpus term's weight during the warm start (--lm_coef's text); default {SFT_LM_COEF} where "
+            "there is a corpus, else off."
+        },
+    )
     weight_interpolation: float = field(
         default=1.0, metadata={"help": "Saved weights = start + a * (tuned - start), a in (0, 1] (WiSE-FT)."}
     )
@@ -175,8 +183,9 @@ class PosttrainArguments:
             raise ValueError(f"--sft_steps must be >= 0 (0: no warm start), got {self.sft_steps}.")
         if not self.sft_learning_rate > 0:
             raise ValueError(f"--sft_learning_rate must be > 0, got {self.sft_learning_rate}: e.g. 3e-4.")
-        if self.lm_coef is not None and self.lm_coef < 0:
-            raise ValueError(f"--lm_coef must be >= 0, got {self.lm_coef}.")
+        for name in ("lm_coef", "sft_lm_coef"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}.")
         if not 0 < self.weight_interpolation <= 1:
             raise ValueError(f"--weight_interpolation must be in (0, 1], got {self.weight_interpolation}.")
         if not 1 <= self.validation_split_percentage <= 50:
@@ -226,7 +235,7 @@ class CpuDefaults:
 @dataclass
 class PosttrainGRPOConfig(CpuDefaults, GRPOConfig):
     output_dir: str = retuned(GRPOConfig, "output_dir", "runs/minirope-grpo")
-    learning_rate: float = retuned(GRPOConfig, "learning_rate", 4e-4)
+    learning_rate: float = retuned(GRPOConfig, "learning_rate", 6e-4)
     beta: float = retuned(GRPOConfig, "beta", 0.04)
     num_generations: int | None = retuned(GRPOConfig, "num_generations", 8)
     per_device_train_batch_size: int = retuned(GRPOConfig, "per_device_train_batch_size", 16)
@@ -254,6 +263,13 @@ class PosttrainDPOConfig(CpuDefaults, DPOConfig):
     per_device_train_batch_size: int = retuned(DPOConfig, "per_device_train_batch_size", 8)
     num_train_epochs: float = retuned(DPOConfig, "num_train_epochs", 1.0)
     max_length: int | None = retuned(DPOConfig, "max_length", 128)
+    reward_weights: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": "Without preference data: the weights of the rewards' sum that ranks the model's own samples into "
+            "pairs, one per --reward_funcs (as GRPO's --reward_weights; default 1 each)."
+        },
+    )
 
     def __post_init__(self) -> None:
         # DPO does not count its tokens: the Trainer counts the chosen and rejected sequences' non-padding ones

@@ -27,7 +27,7 @@ from minirope.training.corpus import BUNDLED_CORPUS, bundled_shards
 from minirope.training.data import TextDataArguments, data_description, training_blocks
 from minirope.training.documents import Shard
 from minirope.training.output import OwnModelCard
-from minirope.training.posttraining.arguments import LM_COEF, PosttrainArguments
+from minirope.training.posttraining.arguments import LM_COEF, SFT_LM_COEF, PosttrainArguments
 from minirope.training.sources import dataset_shards, file_shards
 
 
@@ -49,11 +49,13 @@ def trained_on(model_path: str) -> str | None:
 
 @dataclass
 class Corpus:
-    """The corpus term's text (`shards`, None: off), its weight, where it comes from in words, the validation text of
-    bits per byte, and what the model says it was trained on (`trained_on`, carried into the run summary)."""
+    """The corpus term's text (`shards`, None: off), its weight in the method's updates (`coef`) and in the warm
+    start's (`warm_coef`), where it comes from in words, the validation text of bits per byte, and what the model
+    says it was trained on (`trained_on`, carried into the run summary)."""
 
     shards: list[Shard] | None
     coef: float
+    warm_coef: float
     source: str
     validation: list[Shard] | None
     trained_on: str | None
@@ -63,9 +65,11 @@ def corpus_of(args: PosttrainArguments) -> Corpus:
     """The corpus term of a run and the validation text of its bits per byte (see the module doc).
 
     Raises:
-        ValueError: `--lm_coef` above 0 with no text to take it on; FileNotFoundError: a missing file or dataset.
+        ValueError: `--lm_coef` or `--sft_lm_coef` above 0 with no text to take it on; FileNotFoundError: a missing
+            file or dataset.
     """
     coef = LM_COEF[args.method] if args.lm_coef is None else args.lm_coef
+    warm_coef = (SFT_LM_COEF if args.sft_lm_coef is None else args.sft_lm_coef) if args.warm_start_steps else 0.0
     validation = file_shards(args.lm_validation_file, "text", flag="--lm_validation_file") if (
         args.lm_validation_file) else None  # fmt: skip
     base = trained_on(args.model_name_or_path)
@@ -73,18 +77,20 @@ def corpus_of(args: PosttrainArguments) -> Corpus:
         text = TextDataArguments(train_file=args.lm_train_file, dataset_name=args.lm_dataset_name)
         shards = file_shards(args.lm_train_file, "text", flag="--lm_train_file") if args.lm_train_file else (
             dataset_shards(text, "train"))  # fmt: skip
-        return Corpus(shards if coef else None, coef, data_description(text), validation, base)
+        return Corpus(shards if coef or warm_coef else None, coef, warm_coef, data_description(text), validation, base)
     if base == BUNDLED_CORPUS:
         source = f"{BUNDLED_CORPUS}, which {args.model_name_or_path} was trained on"
-        shards = bundled_shards("train") if coef else None
-        return Corpus(shards, coef, source, validation or bundled_shards("validation"), base)
-    if args.lm_coef:
-        raise ValueError(
-            f"--lm_coef {args.lm_coef} needs the text the model was pretrained on: give --lm_train_file or "
-            f"--lm_dataset_name ({args.model_name_or_path} does not say it was trained on the bundled plays)."
-        )
+        shards = bundled_shards("train") if coef or warm_coef else None
+        return Corpus(shards, coef, warm_coef, source, validation or bundled_shards("validation"), base)
+    for flag, value in (("--lm_coef", args.lm_coef), ("--sft_lm_coef", args.sft_lm_coef)):
+        if value:
+            raise ValueError(
+                f"{flag} {value} needs the text the model was pretrained on: give --lm_train_file or "
+                f"--lm_dataset_name ({args.model_name_or_path} does not say it was trained on the bundled plays)."
+            )
     trained = f"was trained on {base}" if base else "does not say what it was trained on"
-    return Corpus(None, 0.0, f"none ({args.model_name_or_path} {trained}; --lm_train_file adds one)", validation, base)
+    source = f"none ({args.model_name_or_path} {trained}; --lm_train_file adds one)"
+    return Corpus(None, 0.0, 0.0, source, validation, base)
 
 
 class CorpusTerm:
@@ -132,14 +138,14 @@ class MiniRopeDistillationTrainer(OwnModelCard, CorpusTerm, DistillationTrainer)
 TRAINERS = {"grpo": MiniRopeGRPOTrainer, "dpo": MiniRopeDPOTrainer, "distill": MiniRopeDistillationTrainer}
 
 
-def add_corpus(trainer, corpus: Corpus, args: PosttrainArguments, seed: int) -> None:
+def add_corpus(trainer, corpus: Corpus, coef: float, args: PosttrainArguments, seed: int) -> None:
     """Tokenize the corpus into blocks of the model's context (each document whole, `training_blocks`) and hand them
-    to `trainer` (nothing for a run without a corpus term)."""
-    if corpus.shards is None:
+    to `trainer` with weight `coef` (nothing for a run without a corpus term, or a weight of 0)."""
+    if corpus.shards is None or not coef:
         return
     tokenizer, context = trainer.processing_class, trainer.model.config.max_position_embeddings
     blocks = training_blocks(corpus.shards, tokenizer, TextDataArguments(block_size=context), seed)
-    trainer.set_corpus(blocks.with_format("torch")[:]["input_ids"], corpus.coef, args.lm_batch_size, seed)
+    trainer.set_corpus(blocks.with_format("torch")[:]["input_ids"], coef, args.lm_batch_size, seed)
 
 
 @torch.no_grad()

@@ -94,20 +94,26 @@ def check_rewards(rewards: list, rows: Dataset, completions: list, completion_id
             )
 
 
-def own_pairs(samples, reward, margin: float = 0.0) -> list[dict]:
+def own_pairs(samples, rewards: list, margin: float = 0.0, weights: list[float] | None = None) -> list[dict]:
     """Preference pairs from the model's own samples (`minirope.training.posttraining.measures.Samples`, several
-    completions of each prompt): each prompt's completions ranked by `reward` (`call_reward`); the best is chosen and
-    the worst rejected, where the best scores higher by at least `margin`. Each pair keeps its row's other columns."""
-    pairs = []
+    completions of each prompt): each prompt's completions ranked by the sum of `rewards` times `weights` (default 1
+    each, as GRPO sums its rewards), each called
+    (`call_reward`) on that prompt's completions together, as GRPO scores a prompt's group (a reward that reads the
+    batch, like `word_variety_reward`, compares them with each other; None, "does not apply", adds nothing, and a
+    completion no reward applies to is left out); the best is chosen and the worst rejected, where the best scores
+    higher by at least `margin`. Each pair keeps its row's other columns."""
+    pairs, weights = [], weights or [1.0] * len(rewards)
     per_prompt = samples.per_prompt
-    values = call_reward(reward, samples.rows, samples.completions, samples.completion_ids)
-    for index in range(len(samples.prompt_rows)):
-        first = index * per_prompt
-        scored = [(values[first + k], k) for k in range(per_prompt) if values[first + k] is not None]
+    for index, row in enumerate(samples.prompt_rows):
+        group = slice(index * per_prompt, (index + 1) * per_prompt)
+        texts, rows = samples.completions[group], Dataset.from_list([row] * per_prompt)
+        values = [call_reward(reward, rows, texts, samples.completion_ids[group]) for reward in rewards]
+        columns = enumerate(zip(*values, strict=True))  # each completion's values, one per reward
+        scored = [(sum(w * v for w, v in zip(weights, column, strict=True) if v is not None), k)
+                  for k, column in columns if any(v is not None for v in column)]  # fmt: skip
         if len(scored) < 2:
             continue
         (best_score, best), (worst_score, worst) = max(scored), min(scored)
         if best_score > worst_score and best_score - worst_score >= margin:
-            texts = samples.completions[first : first + per_prompt]
-            pairs.append({**samples.prompt_rows[index], "chosen": texts[best], "rejected": texts[worst]})
+            pairs.append({**row, "chosen": texts[best], "rejected": texts[worst]})
     return pairs

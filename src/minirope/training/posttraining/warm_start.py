@@ -7,8 +7,9 @@ on the training plays cut to their iambic lines with a word of two or more sylla
 the reward pays for, in the plays' own words, so the method starts from a model that already writes more of it
 without the narrowing a reward alone brings (docs/post_training.md measures both). Text rows are packed into blocks
 of the model's context ("wrapped"), as `minirope-finetune` packs plain text. The run's corpus term
-(`corpus.CorpusTerm`, `--lm_coef`) takes part in every warm-start update too, so that demonstrations narrower than
-the pretraining text cost less of it (measured in docs/post_training.md).
+(`corpus.CorpusTerm`, on `--lm_coef`'s text) takes part in every warm-start update too, weighted `--sft_lm_coef`
+(0.5 by default), so that demonstrations narrower than the pretraining text cost less of it (measured in
+docs/post_training.md: on the verse task, a third of the drift in bits per byte).
 
 The warm-started model is saved to a temporary folder and loaded back from it: TRL's GRPO (with a KL term) and DPO load
 their reference model from the path the model's config names, so the reference is the warm-started model, the one
@@ -78,7 +79,8 @@ def warm_start(
     model, tokenizer, warm: WarmStart, corpus: Corpus, args, config
 ) -> tuple[object, tempfile.TemporaryDirectory]:
     """`args.warm_start_steps` steps of `SFTTrainer` on `warm.rows`, `args.sft_batch_size` rows a step at
-    `args.sft_learning_rate` (cosine, 5 warm-up steps, the method's precision and seed), with the run's corpus term;
+    `args.sft_learning_rate` (cosine, 5 warm-up steps, the method's precision and seed), with the corpus term at
+    `corpus.warm_coef`;
     the tuned model, loaded back from the temporary folder returned with it (keep it until the method's trainer is
     built: TRL reads its reference model from there)."""
     folder = tempfile.TemporaryDirectory(prefix="minirope-warm-start-")
@@ -101,7 +103,7 @@ def warm_start(
         use_cpu=config.use_cpu,
     )
     trainer = MiniRopeSFTTrainer(model=model, args=sft, train_dataset=warm.rows, processing_class=tokenizer)
-    add_corpus(trainer, corpus, args, config.seed)
+    add_corpus(trainer, corpus, corpus.warm_coef, args, config.seed)
     trainer.train()
     trainer.save_model(folder.name)
     tokenizer.save_pretrained(folder.name)
