@@ -97,11 +97,11 @@ def check_rewards(rewards: list, rows: Dataset, completions: list, completion_id
 def own_pairs(samples, rewards: list, margin: float = 0.0, weights: list[float] | None = None) -> list[dict]:
     """Preference pairs from the model's own samples (`minirope.training.posttraining.measures.Samples`, several
     completions of each prompt): each prompt's completions ranked by the sum of `rewards` times `weights` (default 1
-    each, as GRPO sums its rewards), each called
-    (`call_reward`) on that prompt's completions together, as GRPO scores a prompt's group (a reward that reads the
-    batch, like `word_variety_reward`, compares them with each other; None, "does not apply", adds nothing, and a
-    completion no reward applies to is left out); the best is chosen and the worst rejected, where the best scores
-    higher by at least `margin`. Each pair keeps its row's other columns."""
+    each, as GRPO sums its rewards), each reward called (`call_reward`) on that prompt's completions together, as
+    GRPO scores a prompt's group (a reward that reads the batch, like `word_variety_reward`, compares them with each
+    other; None, "does not apply", adds nothing, and a completion no reward applies to is left out); the best is
+    chosen and the worst rejected, where the best scores higher by at least `margin`. Each pair keeps its row's other
+    columns."""
     pairs, weights = [], weights or [1.0] * len(rewards)
     per_prompt = samples.per_prompt
     for index, row in enumerate(samples.prompt_rows):

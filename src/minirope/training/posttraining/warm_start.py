@@ -80,9 +80,8 @@ def warm_start(
 ) -> tuple[object, tempfile.TemporaryDirectory]:
     """`args.warm_start_steps` steps of `SFTTrainer` on `warm.rows`, `args.sft_batch_size` rows a step at
     `args.sft_learning_rate` (cosine, 5 warm-up steps, the method's precision and seed), with the corpus term at
-    `corpus.warm_coef`;
-    the tuned model, loaded back from the temporary folder returned with it (keep it until the method's trainer is
-    built: TRL reads its reference model from there)."""
+    `corpus.warm_coef`; the tuned model, loaded back from the temporary folder returned with it (keep it until the
+    method's trainer is built: TRL reads its reference model from there)."""
     folder = tempfile.TemporaryDirectory(prefix="minirope-warm-start-")
     sft = SFTConfig(
         output_dir=folder.name,
