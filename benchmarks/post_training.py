@@ -186,9 +186,15 @@ def plot(results: dict, path: Path) -> None:
         meter.axvline(0.9 * start["distinct_words_per_word"], color="grey", linestyle=":", label="0.9x the base's")
         meter.axhline(50, color="grey", linestyle="--", label="50 % iambic")
         meter.legend(fontsize=7, loc="lower left")
+        wide = 2 * start["distinct_words_per_word"]  # past it only runs that gamed word_variety_reward (odd words)
+        off = sum(r["after"].get("distinct_words_per_word", 0) > wide for r in runs.values())
+        meter.set_xlim(0, wide)
+        if off:
+            meter.set_title(f"Meter against vocabulary ({off} runs past 2x the base's words/word not shown)")
     meter.set_xlabel("distinct words per word over the 768 sampled lines (higher: a wider vocabulary)")
     meter.set_ylabel("sampled lines iambic by stress (%)")
-    meter.set_title("Meter against vocabulary")
+    if not meter.get_title():
+        meter.set_title("Meter against vocabulary")
     ax.set_xlabel("validation bits per byte (the 4 validation plays, whole text; lower is better)")
     ax.set_ylabel("sampled lines that scan (%)")
     ax.set_title("Post-training the make demo model: lines that scan against forgetting")

@@ -424,6 +424,7 @@ CASES = [
         "--sft_train_file: give .txt files or .jsonl/.json/.parquet rows, not both",
     ),
     (POSTTRAIN, [*GRPO, "--sft_train_file", "{w}/none.txt"], "data file {w}/none.txt does not exist"),
+    (POSTTRAIN, [*GRPO, "--sft_train_file", "{w}/latin1.txt"], "latin1.txt is not UTF-8 text (byte 0xe9 at offset"),
     (POSTTRAIN, [*GRPO, "--sft_train_file", "{w}/demos-*.jsonl"], "--sft_train_file {w}/demos-*.jsonl matches no file"),
     (POSTTRAIN, [*GRPO, "--sft_batch_size", "0"], "--sft_batch_size must be >= 1, got 0"),
     (POSTTRAIN, [*GRPO, "--sft_lm_coef", "-1"], "--sft_lm_coef must be >= 0, got -1"),

@@ -64,8 +64,9 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
                                                                                           monkeypatch):  # fmt: skip
     """The warm start (TRL's SFTTrainer on the verse task's demonstrations) moves the weights before GRPO, and GRPO's
     KL term is taken against the warm-started model (TRL loads its reference from the path the model's config
-    names), not against the folder the run started from. The corpus term takes part in the warm start's updates."""
-    seen, add_corpus = {}, corpus.add_corpus
+    names), not against the folder the run started from. The corpus term takes part in the warm start's updates, on
+    the blocks the method then takes: the text is tokenized once."""
+    seen, add_corpus, training_blocks = {"tokenized": 0}, corpus.add_corpus, corpus.training_blocks
 
     def spy(trainer, *args):  # called once the method's trainer is built, before it trains
         seen["model"] = {name: value.clone() for name, value in trainer.model.state_dict().items()}
@@ -76,12 +77,18 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
         seen["warm_start"] = trainer
         add_corpus(trainer, *args)
 
+    def blocks_spy(*args):
+        seen["tokenized"] += 1
+        return training_blocks(*args)
+
     monkeypatch.setattr(corpus, "add_corpus", spy)
     monkeypatch.setattr(warm_start, "add_corpus", warm_spy)
+    monkeypatch.setattr(corpus, "training_blocks", blocks_spy)
     out = tmp_path / "grpo"
     result = posttrain.run([
         "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
         *TINY_GRPO, "--lm_coef", "0.5", "--sft_lm_coef", "1", "--lm_batch_size", "2", "--weight_interpolation", "0.5",
+        "--beta", "0.04",  # a KL term (the default is 0): its reference model is the warm-started one
     ])  # fmt: skip
     loads_and_generates(out)
     start = load_file(tiny_pretrained / "model.safetensors")
@@ -90,13 +97,14 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
     written = summary(out)
     assert written["warm_start"]["steps"] == 2 and "iambic lines" in written["warm_start"]["data"]
     assert written["warm_start"]["batch_size"] == 8 and written["warm_start"]["lm_coef"] == 1
-    assert seen["warm_start"].lm_coef == 1
+    assert seen["warm_start"].lm_coef == 1 and seen["tokenized"] == 1
     warm_logged = seen["warm_start"].state.log_history
     assert isinstance(seen["warm_start"], SFTTrainer) and sum("lm_loss" in entry for entry in warm_logged) == 2
     assert written["warm_start"]["after"]["lines"] > 0 and written["warm_start"]["after"]["validation_bits_per_byte"]
     assert "SFTTrainer" in (out / "README.md").read_text() and "sft" in ModelCard.load(out / "README.md").data.tags
     assert written["steps"] == 2 and written["method"] == "grpo"
     assert written["reward_funcs"] == ["meter_reward", "word_variety_reward"]  # the verse task's defaults
+    assert written["reward_weights"] == [1.0, 1.5] and written["beta"] == 0.04  # its weights; the flag given
     for side in ("before", "after"):
         assert written[side]["lines"] > 0 and 0 <= written[side]["scan_share"] <= 1
         assert 0 < written[side]["distinct_share"] <= 1 and 0 < written[side]["validation_bits_per_byte"] < 20

@@ -135,10 +135,18 @@ def test_meter_reward_pays_less_for_lines_of_monosyllables_only():
     assert scansion_reward([filler]) == [1.0]  # the count alone cannot tell filler from verse
 
 
-def test_word_variety_reward_pays_words_other_completions_do_not_use():
-    # "the" is in all three completions (1/3 each), "king" in two (1/2), every other word in one (1).
-    completions = ["The king is dead\n", "The king will live\n", "The crows above the field\n", "ROMEO:\n"]
+def test_word_variety_reward_pays_words_other_completions_do_not_use_on_three_lines():
+    # "the" is in all three completions (1/3 each), "king" in two (1/2), every other word in one (1); each
+    # completion writes three lines.
+    completions = [
+        "The king is dead\nlong\nago\n",
+        "The king will live\nand\nreign\n",
+        "The crows above\nthe\nfield\n",
+        "ROMEO:\n",
+    ]
     the, king = 1 / 3, 1 / 2
     assert word_variety_reward(completions) == pytest.approx(
-        [(the + king + 1 + 1) / 4, (the + king + 1 + 1) / 4, (the + 1 + 1 + the + 1) / 5, 0.0]
+        [(the + king + 1 + 1 + 1 + 1) / 6, (the + king + 1 + 1 + 1 + 1) / 6, (the + 1 + 1 + the + 1) / 5, 0.0]
     )
+    # One line of words no one else uses earns a third of what three such lines earn: writing less is no way up.
+    assert word_variety_reward(["Zounds, varlet, hie!\n", "Come\nsit\nhere\n"]) == pytest.approx([1 / 3, 1.0])

@@ -180,15 +180,22 @@ def meter_reward(completions: list, **kwargs) -> list[float]:
 def word_variety_reward(completions: list, **kwargs) -> list[float]:
     """TRL reward against a shrinking vocabulary, read across the batch TRL scores together: for each completion, the
     mean over the words of its first three verse lines of `1 / k`, where `k` is how many completions of the batch use
-    the word (1 for a word no other completion uses, 1/16 for one all 16 use); 0 for a completion without words. A
-    policy that writes every line from the same few short words scores low on it however well they scan."""
-    words = [[word for line in verse_lines(completion_text(completion)) for word in words_of(line)]
-             for completion in completions]  # fmt: skip
+    the word (1 for a word no other completion uses, 1/16 for one all 16 use), times the share of the three lines it
+    wrote (lines not written count as misses, as in `meter_reward`); 0 for a completion without words. A policy that
+    writes every line from the same few short words scores low on it however well they scan, and one that writes a
+    single line of odd words earns a third of it (without that factor, GRPO without its KL term learned to write about
+    one line a completion when each reward was normalized apart or a step took 32 completions: docs/post_training.md).
+    """
+    lines = [verse_lines(completion_text(completion)) for completion in completions]
+    words = [[word for line in completion_lines for word in words_of(line)] for completion_lines in lines]
     users: dict[str, int] = {}
     for completion_words in words:
         for word in set(completion_words):
             users[word] = users.get(word, 0) + 1
-    return [sum(1 / users[word] for word in ws) / len(ws) if ws else 0.0 for ws in words]
+    return [
+        sum(1 / users[word] for word in ws) / len(ws) * len(ls) / LINES_PER_COMPLETION if ws else 0.0
+        for ws, ls in zip(words, lines, strict=True)
+    ]
 
 
 REWARDS = {

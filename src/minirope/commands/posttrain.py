@@ -53,7 +53,7 @@ def prepare(args, config) -> Setup:
     Raises:
         ValueError, OSError: naming the flag, the folder or the file.
     """
-    from minirope.training.posttraining.arguments import VERSE_REWARDS
+    from minirope.training.posttraining.arguments import VERSE_REWARD_WEIGHTS, VERSE_REWARDS
     from minirope.training.posttraining.corpus import corpus_of
     from minirope.training.posttraining.data import check_chat_template, load_task_data
     from minirope.training.posttraining.rewards import resolve_reward
@@ -75,6 +75,8 @@ def prepare(args, config) -> Setup:
         )
     rewards = [resolve_reward(name) for name in names]
     weights = getattr(config, "reward_weights", None)
+    if weights is None and not args.reward_funcs and data.verse and hasattr(config, "reward_weights"):
+        config.reward_weights = weights = list(VERSE_REWARD_WEIGHTS)  # the verse task's default rewards' weights
     if weights is not None and len(weights) != len(rewards):
         raise ValueError(f"--reward_weights: {len(weights)} given for {len(rewards)} rewards ({', '.join(names)}): "
                          f"give one weight per reward.")  # fmt: skip
@@ -224,6 +226,7 @@ def report(trainer, setup: Setup, args, before, after, train_metrics: dict) -> d
         "training_data": setup.corpus.trained_on,
         "teacher": getattr(config, "teacher_model_name_or_path", None),
         "reward_funcs": [reward_name(reward) for reward in setup.rewards],
+        "reward_weights": getattr(config, "reward_weights", None),
         "steps": steps,
         "learning_rate": config.learning_rate,
         "batch_size": config.per_device_train_batch_size,

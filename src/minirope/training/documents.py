@@ -90,6 +90,19 @@ def not_utf8(path: Path, offset: int, byte: int) -> ValueError:
     )
 
 
+def read_utf8(path: str | Path) -> str:
+    """A whole file's text, for files read at once (JSON arrays, demonstrations).
+
+    Raises:
+        ValueError: the file is not UTF-8 (`not_utf8`: the byte, its offset and a command that converts it).
+    """
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise not_utf8(path, error.start, error.object[error.start]) from None
+
+
 class FileShard(Shard):
     """A shard that is one file, checked (`check_file`) when the shard is made; records' text is `text_column`."""
 

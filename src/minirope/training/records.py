@@ -7,7 +7,16 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from minirope.training.documents import Document, FileShard, Shard, TextFile, not_utf8, record_text, text_from
+from minirope.training.documents import (
+    Document,
+    FileShard,
+    Shard,
+    TextFile,
+    not_utf8,
+    read_utf8,
+    record_text,
+    text_from,
+)
 
 
 class JsonLinesFile(FileShard):
@@ -53,10 +62,9 @@ class JsonArrayFile(FileShard):
         Raises:
             ValueError: not UTF-8, or not JSON (naming the line).
         """
+        text = read_utf8(self.path)
         try:
-            return json.loads(self.path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as error:
-            raise not_utf8(self.path, error.start, error.object[error.start]) from None
+            return json.loads(text)
         except json.JSONDecodeError as error:
             raise ValueError(
                 f"{self.path} is not JSON ({error.msg}, line {error.lineno}): write an array of records, or one "

@@ -17,8 +17,9 @@ from trl import DistillationConfig, DPOConfig, GRPOConfig
 from minirope.training.arguments import parse_cli_args
 
 METHODS = ("grpo", "dpo", "distill")
-LM_COEF = {"grpo": 0.4, "dpo": 0.5, "distill": 0.0}  # measured in docs/post_training.md
+LM_COEF = {"grpo": 0.5, "dpo": 0.5, "distill": 0.0}  # measured in docs/post_training.md
 VERSE_REWARDS = ["meter_reward", "word_variety_reward"]  # measured in docs/post_training.md
+VERSE_REWARD_WEIGHTS = [1.0, 1.5]  # their weights (grpo's and dpo's --reward_weights), measured there too
 PROMPTS, VERSE_PROMPTS = 4096, 1024  # --num_prompts' defaults
 SFT_STEPS = {"grpo": 300, "dpo": 300, "distill": 0}  # the warm start, measured in docs/post_training.md
 SFT_BATCH_SIZE = 8  # the warm start's rows a step, measured in docs/post_training.md
@@ -87,7 +88,8 @@ class PosttrainArguments:
             "(my_rewards.exact_match, imported from the working directory as `trl grpo` does), called as TRL calls "
             "them: prompts, completions, completion_ids and every dataset column as keyword arguments. grpo trains "
             "on them; dpo ranks its own pairs by the first; every method measures them on the held-out prompts. "
-            f"Default: {' '.join(VERSE_REWARDS)} for the verse task; needed for grpo on your data."
+            f"Default: {' '.join(VERSE_REWARDS)} for the verse task (--reward_weights "
+            f"{' '.join(map(str, VERSE_REWARD_WEIGHTS))}); needed for grpo on your data."
         },
     )
     num_prompts: int | None = field(
@@ -236,7 +238,7 @@ class CpuDefaults:
 class PosttrainGRPOConfig(CpuDefaults, GRPOConfig):
     output_dir: str = retuned(GRPOConfig, "output_dir", "runs/minirope-grpo")
     learning_rate: float = retuned(GRPOConfig, "learning_rate", 6e-4)
-    beta: float = retuned(GRPOConfig, "beta", 0.04)
+    beta: float = retuned(GRPOConfig, "beta", 0.0)
     num_generations: int | None = retuned(GRPOConfig, "num_generations", 8)
     per_device_train_batch_size: int = retuned(GRPOConfig, "per_device_train_batch_size", 16)
     max_completion_length: int | None = retuned(GRPOConfig, "max_completion_length", 48)
@@ -267,7 +269,8 @@ class PosttrainDPOConfig(CpuDefaults, DPOConfig):
         default=None,
         metadata={
             "help": "Without preference data: the weights of the rewards' sum that ranks the model's own samples into "
-            "pairs, one per --reward_funcs (as GRPO's --reward_weights; default 1 each)."
+            "pairs, one per --reward_funcs (as GRPO's --reward_weights; default 1 each, and "
+            f"{' '.join(map(str, VERSE_REWARD_WEIGHTS))} for the verse task's default rewards)."
         },
     )
 

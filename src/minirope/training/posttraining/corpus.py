@@ -15,7 +15,7 @@ data loader prepared by the trainer's accelerator (each process its share); `lm_
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -59,6 +59,15 @@ class Corpus:
     source: str
     validation: list[Shard] | None
     trained_on: str | None
+    tokenized: torch.Tensor | None = field(default=None, repr=False)
+
+    def blocks(self, tokenizer, context: int, seed: int) -> torch.Tensor:
+        """The text in blocks of `context` tokens, each document whole (`training_blocks`), `(N, context)` int64;
+        tokenized once, so the warm start and the method take the same blocks."""
+        if self.tokenized is None:
+            blocks = training_blocks(self.shards, tokenizer, TextDataArguments(block_size=context), seed)
+            self.tokenized = blocks.with_format("torch")[:]["input_ids"]
+        return self.tokenized
 
 
 def corpus_of(args: PosttrainArguments) -> Corpus:
@@ -139,13 +148,12 @@ TRAINERS = {"grpo": MiniRopeGRPOTrainer, "dpo": MiniRopeDPOTrainer, "distill": M
 
 
 def add_corpus(trainer, corpus: Corpus, coef: float, args: PosttrainArguments, seed: int) -> None:
-    """Tokenize the corpus into blocks of the model's context (each document whole, `training_blocks`) and hand them
-    to `trainer` with weight `coef` (nothing for a run without a corpus term, or a weight of 0)."""
+    """Hand `trainer` the corpus in blocks of the model's context (`Corpus.blocks`) with weight `coef` (nothing for a
+    run without a corpus term, or a weight of 0)."""
     if corpus.shards is None or not coef:
         return
-    tokenizer, context = trainer.processing_class, trainer.model.config.max_position_embeddings
-    blocks = training_blocks(corpus.shards, tokenizer, TextDataArguments(block_size=context), seed)
-    trainer.set_corpus(blocks.with_format("torch")[:]["input_ids"], coef, args.lm_batch_size, seed)
+    context = trainer.model.config.max_position_embeddings
+    trainer.set_corpus(corpus.blocks(trainer.processing_class, context, seed), coef, args.lm_batch_size, seed)
 
 
 @torch.no_grad()

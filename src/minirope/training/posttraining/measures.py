@@ -46,6 +46,13 @@ class Samples:
     def rows(self) -> Dataset:
         return Dataset.from_list([row for row in self.prompt_rows for _ in range(self.per_prompt)])
 
+    def group(self, index: int) -> tuple[Dataset, list, list[list[int]]]:
+        """Prompt `index`'s share, as `rows`, `completions` and `completion_ids` give all prompts': its row once per
+        completion, its completions and their token ids."""
+        span = slice(index * self.per_prompt, (index + 1) * self.per_prompt)
+        rows = Dataset.from_list([self.prompt_rows[index]] * self.per_prompt)
+        return rows, self.completions[span], self.completion_ids[span]
+
 
 def prompt_text(prompt, tokenizer: PreTrainedTokenizerBase) -> str:
     """A prompt as the model reads it: plain text as it is, a conversation through the chat template with the

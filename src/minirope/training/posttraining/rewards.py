@@ -103,11 +103,9 @@ def own_pairs(samples, rewards: list, margin: float = 0.0, weights: list[float] 
     chosen and the worst rejected, where the best scores higher by at least `margin`. Each pair keeps its row's other
     columns."""
     pairs, weights = [], weights or [1.0] * len(rewards)
-    per_prompt = samples.per_prompt
     for index, row in enumerate(samples.prompt_rows):
-        group = slice(index * per_prompt, (index + 1) * per_prompt)
-        texts, rows = samples.completions[group], Dataset.from_list([row] * per_prompt)
-        values = [call_reward(reward, rows, texts, samples.completion_ids[group]) for reward in rewards]
+        rows, texts, ids = samples.group(index)
+        values = [call_reward(reward, rows, texts, ids) for reward in rewards]
         columns = enumerate(zip(*values, strict=True))  # each completion's values, one per reward
         scored = [(sum(w * v for w, v in zip(weights, column, strict=True) if v is not None), k)
                   for k, column in columns if any(v is not None for v in column)]  # fmt: skip

