@@ -39,7 +39,7 @@ from minirope.training.throughput import matmul_peak_flops, training_flops_per_t
 from minirope.training.trainer import MiniRopeTrainer
 
 SIZES = {  # config, (batch, block)
-    "tiny": (dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=256), (2, 32)),  # noqa: E501
+    "tiny": (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=256), (2, 32)),  # noqa: E501
     "1.15M": (dict(hidden_size=96, intermediate_size=288, num_hidden_layers=3, num_attention_heads=2, vocab_size=4096), (32, 256)),  # noqa: E501
     "30M": (dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8, vocab_size=8192), (16, 512)),  # noqa: E501
     "125M": (dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12, vocab_size=32000), (16, 1024)),  # noqa: E501

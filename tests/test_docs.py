@@ -159,11 +159,13 @@ def run_command(command: str, servers: contextlib.ExitStack, workspace: Path) ->
         for flag in (word for word in words[2:] if word.startswith("--")):
             assert flag in helped.stdout, f"{script} has no {flag} (tests/test_scripts.py runs it at a small size)"
     elif program == "transformers" and words[1] == "serve":
+        pytest.importorskip("fastapi")  # transformers[serving], as tests/test_chat.py
         port = words[words.index("--port") + 1]
         ready = f"http://127.0.0.1:{port}/health"
         log = workspace / f"serve-{port}.log"
         servers.enter_context(server([sys.executable, "-m", "transformers.cli.transformers", *words[1:]], ready, log))
     elif words[1:3] == ["-m", "llama_cpp.server"]:
+        pytest.importorskip("llama_cpp.server")
         port = words[words.index("--port") + 1]
         log = workspace / f"llama-{port}.log"
         servers.enter_context(server([sys.executable, *words[1:]], f"http://127.0.0.1:{port}/v1/models", log))

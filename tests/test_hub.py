@@ -52,7 +52,8 @@ print(json.dumps(loaded))
 def hub(tmp_path_factory):
     """The running Hub and the environment that points the clients at it (a token, Xet off, a fresh cache)."""
     home = tmp_path_factory.mktemp("hf-home")
-    with LoopbackHub() as server:
+    with LoopbackHub() as server, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(constants, "HF_HUB_OFFLINE", False)  # this process's clients too, where the shell set 1
         env = {**os.environ, "HF_ENDPOINT": server.endpoint, "HF_HUB_DISABLE_XET": "1", "HF_TOKEN": "hf_test",
                "HF_HOME": str(home), "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0"}  # fmt: skip
         yield server, env

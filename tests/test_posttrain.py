@@ -69,8 +69,8 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
     seen, add_corpus, training_blocks = {"tokenized": 0}, corpus.add_corpus, corpus.training_blocks
 
     def spy(trainer, *args):  # called once the method's trainer is built, before it trains
-        seen["model"] = {name: value.clone() for name, value in trainer.model.state_dict().items()}
-        seen["reference"] = trainer.ref_model.state_dict()
+        seen["model"] = {name: value.to("cpu", copy=True) for name, value in trainer.model.state_dict().items()}
+        seen["reference"] = {name: value.to("cpu", copy=True) for name, value in trainer.ref_model.state_dict().items()}
         add_corpus(trainer, *args)
 
     def warm_spy(trainer, *args):

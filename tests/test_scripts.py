@@ -89,6 +89,8 @@ def test_long_context(tmp_path, tiny_pretrained):
 
 @pytest.mark.client
 def test_exports_benchmark(tmp_path, tiny_pretrained):
+    pytest.importorskip("llama_cpp")  # the script's clients: llama.cpp and onnxruntime
+    pytest.importorskip("onnxruntime")
     printed = run_script("benchmarks/exports.py", "--model", tiny_pretrained, "--output", tmp_path)
     for name in ("llama", "onnx", "gguf f32", "gguf q8_0"):
         assert name in printed, name
@@ -179,6 +181,8 @@ def test_post_training_records_runs_interpolates_and_plots(tmp_path, tiny_pretra
 
 @pytest.mark.client
 def test_quantization_benchmark_measures_each_form_it_is_given(tmp_path, tiny_pretrained):
+    pytest.importorskip("torchao")  # the forms' libraries: torchao, and llama.cpp for GGUF
+    pytest.importorskip("llama_cpp")
     forms = ["float32", "torchao int8 weight-only", "GGUF q4_0"]
     printed = run_script(
         "benchmarks/quantization.py", "--model", tiny_pretrained, "--output", tmp_path / "q.json", "--max_windows", "2",
