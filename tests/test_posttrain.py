@@ -209,6 +209,17 @@ def test_interpolate_weights_moves_each_parameter_part_of_the_way():
         torch.testing.assert_close(param, 0.25 * tuned[name])
 
 
+def test_corpus_blocks_are_tokenized_once_for_each_context(tiny_pretrained, tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("".join(f"Line {i} of a corpus for the corpus term's blocks.\n" for i in range(200)))
+    args = parse_args(["--model_name_or_path", str(tiny_pretrained), "--lm_train_file", str(text)])[0]
+    blocks_of = corpus.corpus_of(args)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
+    short, long = blocks_of.blocks(tokenizer, 16, 0), blocks_of.blocks(tokenizer, 32, 0)
+    assert short.shape[1] == 16 and long.shape[1] == 32 and short.dtype == torch.int64
+    assert blocks_of.blocks(tokenizer, 16, 0) is short  # the warm start's and the method's: one tokenization
+
+
 def test_own_pairs_keep_only_prompts_whose_samples_differ_in_reward(tiny_pretrained):
     model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
     tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)

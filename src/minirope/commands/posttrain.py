@@ -74,9 +74,9 @@ def prepare(args, config) -> Setup:
             f"a function (prompts, completions, **columns) -> list[float])."
         )
     rewards = [resolve_reward(name) for name in names]
-    weights = getattr(config, "reward_weights", None)
-    if weights is None and not args.reward_funcs and data.verse and hasattr(config, "reward_weights"):
-        config.reward_weights = weights = list(VERSE_REWARD_WEIGHTS)  # the verse task's default rewards' weights
+    if hasattr(config, "reward_weights") and config.reward_weights is None and data.verse and not args.reward_funcs:
+        config.reward_weights = list(VERSE_REWARD_WEIGHTS)  # the verse task's default rewards' weights
+    weights = getattr(config, "reward_weights", None)  # distill has none
     if weights is not None and len(weights) != len(rewards):
         raise ValueError(f"--reward_weights: {len(weights)} given for {len(rewards)} rewards ({', '.join(names)}): "
                          f"give one weight per reward.")  # fmt: skip

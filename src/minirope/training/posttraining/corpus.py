@@ -59,15 +59,15 @@ class Corpus:
     source: str
     validation: list[Shard] | None
     trained_on: str | None
-    tokenized: torch.Tensor | None = field(default=None, repr=False)
+    tokenized: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)
 
     def blocks(self, tokenizer, context: int, seed: int) -> torch.Tensor:
         """The text in blocks of `context` tokens, each document whole (`training_blocks`), `(N, context)` int64;
-        tokenized once, so the warm start and the method take the same blocks."""
-        if self.tokenized is None:
+        tokenized once for each (context, seed), so the warm start and the method take the same blocks."""
+        if (context, seed) not in self.tokenized:
             blocks = training_blocks(self.shards, tokenizer, TextDataArguments(block_size=context), seed)
-            self.tokenized = blocks.with_format("torch")[:]["input_ids"]
-        return self.tokenized
+            self.tokenized[context, seed] = blocks.with_format("torch")[:]["input_ids"]
+        return self.tokenized[context, seed]
 
 
 def corpus_of(args: PosttrainArguments) -> Corpus:
