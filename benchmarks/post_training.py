@@ -179,6 +179,7 @@ def plot(results: dict, path: Path) -> None:
             meter.annotate(name.removeprefix("sweep-"), (words, iambic), fontsize=6, xytext=(3, 2),
                            textcoords="offset points")  # fmt: skip
     measured = [record["before"] for record in runs.values() if "iambic_share" in record["before"]]
+    meter.set_title("Meter against vocabulary")
     if measured:
         start = measured[0]
         meter.scatter([start["distinct_words_per_word"]], [100 * start["iambic_share"]], c="black", marker="*", s=150,
@@ -193,8 +194,6 @@ def plot(results: dict, path: Path) -> None:
             meter.set_title(f"Meter against vocabulary ({off} runs past 2x the base's words/word not shown)")
     meter.set_xlabel("distinct words per word over the 768 sampled lines (higher: a wider vocabulary)")
     meter.set_ylabel("sampled lines iambic by stress (%)")
-    if not meter.get_title():
-        meter.set_title("Meter against vocabulary")
     ax.set_xlabel("validation bits per byte (the 4 validation plays, whole text; lower is better)")
     ax.set_ylabel("sampled lines that scan (%)")
     ax.set_title("Post-training the make demo model: lines that scan against forgetting")
