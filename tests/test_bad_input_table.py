@@ -71,6 +71,7 @@ def world(tiny_pretrained, tmp_path_factory) -> Path:
     for name, text in files.items():
         (root / name).write_text(text, encoding="utf-8")
     (root / "latin1.txt").write_bytes(PLAY.encode() + "caf\u00e9\n".encode("latin-1"))
+    (root / "latin1-args.json").write_bytes('{"output_dir": "caf\u00e9"}'.encode("latin-1"))
     (root / "folder").mkdir()
     rows = [{"prompt": "ROMEO:\n", "solution": "But"}] * 8
     DatasetDict({"train": Dataset.from_list(rows)}).save_to_disk(str(root / "problems"))
@@ -213,6 +214,8 @@ CASES = [
     (PRETRAIN, [*P, "--streaming", "True", "--train_file", "{w}/none-*.txt"], "none-*.txt matches no file"),
     (PRETRAIN, ["{w}/bad-args.json"], "arguments file {w}/bad-args.json is not JSON (Expecting value, line 2)"),
     (PRETRAIN, ["{w}/no-args.json"], "arguments file {w}/no-args.json does not exist"),
+    (PRETRAIN, ["{w}/latin1-args.json"], "latin1-args.json is not UTF-8 text (byte 0xe9 at offset 19"),
+    (POSTTRAIN, ["{w}/latin1-args.json"], "latin1-args.json is not UTF-8 text (byte 0xe9 at offset 19"),
     (PRETRAIN, ["{w}/unknown-args.json"], "max_stepz"),
     (PRETRAIN, [*P, "--resume_from_checkpoint", "{w}/nope"], "--resume_from_checkpoint {w}/nope is not a checkpoint"),
     (PRETRAIN, [*P, "--resume_from_checkpoint", "last"], "no complete checkpoint-N folder"),

@@ -18,6 +18,7 @@ from transformers import HfArgumentParser, TrainingArguments, set_seed
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from minirope.training.checkpoints import resolve_resume
+from minirope.training.documents import read_utf8
 from minirope.training.hub import check_push
 from minirope.training.optimizers import MUON_MOMENTUM
 from minirope.training.precision import choose_bf16
@@ -167,7 +168,7 @@ def parse_cli_args(dataclass_types: tuple, argv: list[str] | None = None) -> tup
         if not path.is_file():
             raise ValueError(f"arguments file {path} does not exist: check the path.")
         try:
-            arguments = json.loads(path.read_text(encoding="utf-8"))
+            arguments = json.loads(read_utf8(path))
         except json.JSONDecodeError as error:
             raise ValueError(f"arguments file {path} is not JSON ({error.msg}, line {error.lineno}).") from None
         if not isinstance(arguments, dict):

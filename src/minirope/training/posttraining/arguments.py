@@ -15,6 +15,7 @@ from transformers import HfArgumentParser
 from trl import DistillationConfig, DPOConfig, GRPOConfig
 
 from minirope.training.arguments import parse_cli_args
+from minirope.training.documents import read_utf8
 
 METHODS = ("grpo", "dpo", "distill")
 LM_COEF = {"grpo": 0.5, "dpo": 0.5, "distill": 0.0}  # measured in docs/post_training.md
@@ -307,7 +308,7 @@ def method_of(argv: list[str]) -> str:
     `PosttrainArguments`)."""
     if len(argv) == 1 and argv[0].endswith(".json") and Path(argv[0]).is_file():
         try:
-            arguments = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+            arguments = json.loads(read_utf8(argv[0]))
         except json.JSONDecodeError:
             arguments = {}  # parse_cli_args reports it
         method = arguments.get("method") if isinstance(arguments, dict) else None
