@@ -191,7 +191,7 @@ def plot(results: dict, path: Path) -> None:
         off = sum(r["after"].get("distinct_words_per_word", 0) > wide for r in runs.values())
         meter.set_xlim(0, wide)
         if off:
-            meter.set_title(f"Meter against vocabulary ({off} runs past 2x the base's words/word not shown)")
+            meter.set_title(f"Meter against vocabulary ({off} runs past 2x the base's not shown)")
     meter.set_xlabel("distinct words per word over the 768 sampled lines (higher: a wider vocabulary)")
     meter.set_ylabel("sampled lines iambic by stress (%)")
     ax.set_xlabel("validation bits per byte (the 4 validation plays, whole text; lower is better)")

@@ -434,7 +434,7 @@ CASES = [
     (
         POSTTRAIN,
         [*DPO, "--reward_weights", "1"],
-        "--reward_weights: 1 given for 2 rewards (meter_reward, word_variety_reward",
+        "--reward_weights: 1 given for 3 rewards (meter_reward, word_variety_reward, monosyllable_penalty)",
     ),
     (
         POSTTRAIN,

@@ -8,6 +8,7 @@ from minirope.rewards import (
     line_stresses,
     line_syllables,
     meter_reward,
+    monosyllable_penalty,
     polysyllables,
     scans,
     scansion_reward,
@@ -133,6 +134,18 @@ def test_meter_reward_pays_less_for_lines_of_monosyllables_only():
     mixed = f"{SCANS}\n{SONNET_12}\n{ELEVEN}\n"
     assert meter_reward([whole, filler, mixed, ""]) == [1.0, 0.25, (1 + 0.25) / 3, 0.0]
     assert scansion_reward([filler]) == [1.0]  # the count alone cannot tell filler from verse
+
+
+def test_monosyllable_penalty_counts_scanning_lines_of_monosyllables_only():
+    whole = f"{SCANS}\n{SUMMER}\n{SCANS}\n"
+    filler = f"{SONNET_12}\n{SONNET_12}\n{SONNET_12}\n"
+    mixed = f"{SCANS}\n{SONNET_12}\n{ELEVEN}\n"
+    short = "I am\n"  # monosyllables that do not scan: nothing to penalize
+    assert monosyllable_penalty([whole, filler, mixed, short, ""]) == [0.0, -1.0, -1 / 3, 0.0, 0.0]
+    # with meter_reward at weight 1 a filler line is worth less than a line that does not scan (0)
+    meter, penalty = meter_reward([filler, mixed]), monosyllable_penalty([filler, mixed])
+    summed = [m + p for m, p in zip(meter, penalty, strict=True)]
+    assert summed == pytest.approx([0.25 - 1, (1 + 0.25 - 1) / 3]) and summed[0] < 0
 
 
 def test_word_variety_reward_pays_words_other_completions_do_not_use_on_three_lines():

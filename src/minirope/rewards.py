@@ -177,6 +177,20 @@ def meter_reward(completions: list, **kwargs) -> list[float]:
     return rewards
 
 
+def monosyllable_penalty(completions: list, **kwargs) -> list[float]:
+    """TRL reward against the monosyllables shortcut: for each completion, minus the share of its first three verse
+    lines that scan with words of one syllable only (`scans`, no `polysyllables`), in [-1, 0]. Summed with
+    `meter_reward` at weight 1, such a line nets `(MONOSYLLABIC_CREDIT - 1) / 3`, less than a line that does not
+    scan, so dpo's pairs of the model's own samples reject it: dpo's default for the verse task, which wrote 39 % of
+    its scanning lines in monosyllables without it and 21 % with it (docs/post_training.md). GRPO, given it, learned
+    to write no ten-syllable lines at all (7 % iambic, measured there), so its defaults leave it out."""
+    return [
+        -sum(scans(line) and not polysyllables(line) for line in verse_lines(completion_text(completion)))
+        / LINES_PER_COMPLETION
+        for completion in completions
+    ]
+
+
 def word_variety_reward(completions: list, **kwargs) -> list[float]:
     """TRL reward against a shrinking vocabulary, read across the batch TRL scores together: for each completion, the
     mean over the words of its first three verse lines of `1 / k`, where `k` is how many completions of the batch use
@@ -203,4 +217,5 @@ REWARDS = {
     "syllable_closeness_reward": syllable_closeness_reward,
     "meter_reward": meter_reward,
     "word_variety_reward": word_variety_reward,
+    "monosyllable_penalty": monosyllable_penalty,
 }

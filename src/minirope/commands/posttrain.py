@@ -53,7 +53,7 @@ def prepare(args, config) -> Setup:
     Raises:
         ValueError, OSError: naming the flag, the folder or the file.
     """
-    from minirope.training.posttraining.arguments import VERSE_REWARD_WEIGHTS, VERSE_REWARDS
+    from minirope.training.posttraining.arguments import verse_rewards
     from minirope.training.posttraining.corpus import corpus_of
     from minirope.training.posttraining.data import check_chat_template, load_task_data
     from minirope.training.posttraining.rewards import resolve_reward
@@ -66,7 +66,8 @@ def prepare(args, config) -> Setup:
     inputs = {"--model_name_or_path": args.model_name_or_path, "--teacher_model_name_or_path": teacher_path}
     check_output(config.output_dir, "--output_dir", inputs)
     data = load_task_data(args, config.seed)
-    names = args.reward_funcs or (VERSE_REWARDS if data.verse else [])
+    defaults = verse_rewards(args.method) if data.verse and not args.reward_funcs else {}
+    names = args.reward_funcs or list(defaults)
     if not names and (args.method == "grpo" or data.train is None):
         what = "trains on" if args.method == "grpo" else "ranks its own samples by"
         raise ValueError(
@@ -74,8 +75,8 @@ def prepare(args, config) -> Setup:
             f"a function (prompts, completions, **columns) -> list[float])."
         )
     rewards = [resolve_reward(name) for name in names]
-    if hasattr(config, "reward_weights") and config.reward_weights is None and data.verse and not args.reward_funcs:
-        config.reward_weights = list(VERSE_REWARD_WEIGHTS)  # the verse task's default rewards' weights
+    if hasattr(config, "reward_weights") and config.reward_weights is None and defaults:
+        config.reward_weights = list(defaults.values())  # the verse task's default rewards' weights
     weights = getattr(config, "reward_weights", None)  # distill has none
     if weights is not None and len(weights) != len(rewards):
         raise ValueError(f"--reward_weights: {len(weights)} given for {len(rewards)} rewards ({', '.join(names)}): "

@@ -19,12 +19,25 @@ from minirope.training.documents import read_utf8
 
 METHODS = ("grpo", "dpo", "distill")
 LM_COEF = {"grpo": 0.5, "dpo": 0.5, "distill": 0.0}  # measured in docs/post_training.md
-VERSE_REWARDS = ["meter_reward", "word_variety_reward"]  # measured in docs/post_training.md
-VERSE_REWARD_WEIGHTS = [1.0, 1.5]  # their weights (grpo's and dpo's --reward_weights), measured there too
+# the verse task's default rewards and their weights (grpo's and dpo's --reward_weights; distill measures grpo's),
+# measured in docs/post_training.md
+VERSE_REWARDS = {
+    "grpo": {"meter_reward": 1.0, "word_variety_reward": 1.5},
+    "dpo": {"meter_reward": 1.0, "word_variety_reward": 1.5, "monosyllable_penalty": 1.0},
+}
 PROMPTS, VERSE_PROMPTS = 4096, 1024  # --num_prompts' defaults
 SFT_STEPS = {"grpo": 300, "dpo": 300, "distill": 0}  # the warm start, measured in docs/post_training.md
 SFT_BATCH_SIZE = 8  # the warm start's rows a step, measured in docs/post_training.md
 SFT_LM_COEF = 0.5  # the corpus term's weight during the warm start, measured in docs/post_training.md
+
+
+def verse_rewards(method: str) -> dict[str, float]:
+    """The verse task's default rewards for `method`, each with its weight."""
+    return VERSE_REWARDS.get(method, VERSE_REWARDS["grpo"])
+
+
+def _listed(rewards: dict[str, float]) -> str:
+    return f"{' '.join(rewards)} (--reward_weights {' '.join(map(str, rewards.values()))})"
 
 
 def retuned(config: type, name: str, default: object) -> object:
@@ -85,12 +98,13 @@ class PosttrainArguments:
         default=None,
         metadata={
             "help": "Rewards by name (minirope's: scansion_reward, syllable_closeness_reward, meter_reward, "
-            "word_variety_reward) or import path "
+            "word_variety_reward, monosyllable_penalty) or import path "
             "(my_rewards.exact_match, imported from the working directory as `trl grpo` does), called as TRL calls "
             "them: prompts, completions, completion_ids and every dataset column as keyword arguments. grpo trains "
-            "on them; dpo ranks its own pairs by the first; every method measures them on the held-out prompts. "
-            f"Default: {' '.join(VERSE_REWARDS)} for the verse task (--reward_weights "
-            f"{' '.join(map(str, VERSE_REWARD_WEIGHTS))}); needed for grpo on your data."
+            "on them; dpo ranks its own samples into pairs by their weighted sum; every method measures them on the "
+            "held-out prompts. "
+            f"Default for the verse task: grpo {_listed(verse_rewards('grpo'))}, dpo {_listed(verse_rewards('dpo'))}; "
+            "needed for grpo on your data."
         },
     )
     num_prompts: int | None = field(
@@ -264,14 +278,14 @@ class PosttrainDPOConfig(CpuDefaults, DPOConfig):
     # DPO's loss plus the chosen completions' negative log-likelihood (RPO, Pang et al. 2024), summed.
     loss_type: list[str] = retuned(DPOConfig, "loss_type", ["sigmoid", "sft"])
     per_device_train_batch_size: int = retuned(DPOConfig, "per_device_train_batch_size", 8)
-    num_train_epochs: float = retuned(DPOConfig, "num_train_epochs", 1.0)
+    num_train_epochs: float = retuned(DPOConfig, "num_train_epochs", 2.0)
     max_length: int | None = retuned(DPOConfig, "max_length", 128)
     reward_weights: list[float] | None = field(
         default=None,
         metadata={
             "help": "Without preference data: the weights of the rewards' sum that ranks the model's own samples into "
             "pairs, one per --reward_funcs (as GRPO's --reward_weights; default 1 each, and "
-            f"{' '.join(map(str, VERSE_REWARD_WEIGHTS))} for the verse task's default rewards)."
+            f"{' '.join(map(str, verse_rewards('dpo').values()))} for the verse task's default rewards)."
         },
     )
 
