@@ -167,6 +167,31 @@ def test_distillation_from_a_teacher_writes_a_model_that_loads(tiny_pretrained, 
     assert written["reward_funcs"] == ["meter_reward", "word_variety_reward"]  # measured, not trained on
 
 
+def test_bf16_trains_in_bf16_after_the_measures(tiny_pretrained, tmp_path, monkeypatch):
+    """`--bf16 True` (and `--use_cpu True`, which transformers asks for bf16 on a CPU): the measures before and after
+    the warm start evaluate in the run's precision, so the trainers built after them start in bf16 (accelerate holds
+    one precision a process; a float32 evaluation between them once stopped GRPO with "AcceleratorState has already
+    been initialized")."""
+    precision, add_corpus = {}, corpus.add_corpus
+
+    def spy(trainer, *args):
+        precision[type(trainer).__name__] = trainer.accelerator.mixed_precision
+        add_corpus(trainer, *args)
+
+    monkeypatch.setattr(corpus, "add_corpus", spy)
+    monkeypatch.setattr(warm_start, "add_corpus", spy)
+    out = tmp_path / "grpo-bf16"
+    posttrain.run([
+        "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
+        *TINY_GRPO, "--bf16", "True", "--use_cpu", "True",
+    ])  # fmt: skip
+    loads_and_generates(out)
+    assert precision == {"MiniRopeSFTTrainer": "bf16", "MiniRopeGRPOTrainer": "bf16"}
+    written = summary(out)
+    assert written["steps"] == 2 and written["warm_start"]["steps"] == 2
+    assert 0 < written["after"]["validation_bits_per_byte"] < 20
+
+
 def test_trl_grpo_cli_runs_minirope_reward_on_a_minirope_folder(tiny_pretrained, tmp_path):
     """TRL's own command line, with minirope's reward by import path and prompts from a local dataset folder."""
     data = tmp_path / "prompts"

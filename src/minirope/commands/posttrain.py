@@ -193,7 +193,7 @@ def measure(setup: Setup, args, config):
     """The measures of the model now (`measure_task`), printed."""
     from minirope.training.posttraining.measures import measure_task
 
-    measured = measure_task(setup.model, setup.tokenizer, setup.data.held_out, setup.rewards, args, config.seed,
+    measured = measure_task(setup.model, setup.tokenizer, setup.data.held_out, setup.rewards, args, config,
                             setup.corpus.validation, setup.data.verse)  # fmt: skip
     print(f"[minirope] {measured.prompts} held-out prompts: {measured.line()}")
     return measured

@@ -30,6 +30,7 @@ from minirope.training.trainer import MiniRopeTrainer
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 1.0}
 GREEDY = {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
 METRIC = "eval_bits_per_byte"
+RUN_STATE = ("bf16", "fp16", "use_cpu")  # what accelerate holds once per process
 
 
 @dataclass
@@ -104,12 +105,18 @@ def reward_means(rewards: list, samples: Samples) -> dict[str, float | None]:
     return means
 
 
-def bits_per_byte(model, tokenizer, shards: list[Shard]) -> float:
+def bits_per_byte(model, tokenizer, shards: list[Shard], run: TrainingArguments | None = None) -> float:
     """Whole-text bits per byte of `shards`, each document in windows of the model's context
-    (`minirope.training.metrics`), as `minirope-pretrain` reports it. Writes nothing."""
+    (`minirope.training.metrics`), as `minirope-pretrain` reports it. Writes nothing.
+
+    The evaluation takes the precision and device (`bf16`, `fp16`, `use_cpu`) of `run`, the method's TRL config
+    (None: float32 on the default device): accelerate keeps one of each per process and every `TrainingArguments`
+    resets them, so a float32 evaluation between a run's config and its bf16 trainer leaves that trainer unable to
+    start (accelerate's "AcceleratorState has already been initialized")."""
     windows = validation_windows(shards, tokenizer, model.config.max_position_embeddings)
+    same = {name: getattr(run, name) for name in RUN_STATE} if run is not None else {}
     with tempfile.TemporaryDirectory() as scratch:
-        args = TrainingArguments(output_dir=scratch, per_device_eval_batch_size=32, report_to="none")
+        args = TrainingArguments(output_dir=scratch, per_device_eval_batch_size=32, report_to="none", **same)
         trainer = MiniRopeTrainer(model=model, args=args, processing_class=tokenizer, eval_dataset=windows)
         return trainer.evaluate()[METRIC]
 
@@ -149,11 +156,12 @@ class TaskMeasure:
         return ", ".join(parts)
 
 
-def measure_task(model, tokenizer, held_out: Dataset, rewards: list, args, seed: int, text: list[Shard] | None,
+def measure_task(model, tokenizer, held_out: Dataset, rewards: list, args, config, text: list[Shard] | None,
                  verse: bool) -> TaskMeasure:  # fmt: skip
     """The measures of `model` on the `held_out` prompts (see the module doc); `args` gives
-    `eval_samples_per_prompt` and `eval_max_new_tokens`, `text` the validation text (None: not measured)."""
-    tokens = args.eval_max_new_tokens
+    `eval_samples_per_prompt` and `eval_max_new_tokens`, the method's TRL `config` the seed and the precision and
+    device of the bits per byte, `text` the validation text (None: not measured)."""
+    tokens, seed = args.eval_max_new_tokens, config.seed
     greedy = sample(model, tokenizer, held_out, 1, tokens, seed, GREEDY)
     sampled = sample(model, tokenizer, held_out, args.eval_samples_per_prompt, tokens, seed, SAMPLING)
     texts = [completion_text(completion) for completion in sampled.completions]
@@ -171,7 +179,7 @@ def measure_task(model, tokenizer, held_out: Dataset, rewards: list, args, seed:
         greedy=reward_means(rewards, greedy),
         sampled=reward_means(rewards, sampled),
         distinct_share=len(set(texts)) / max(1, len(texts)),
-        bits_per_byte=bits_per_byte(model, tokenizer, text) if text else None,
+        bits_per_byte=bits_per_byte(model, tokenizer, text, config) if text else None,
         verse=verse_measure(texts) if verse else None,
         samples=examples,
     )
