@@ -41,7 +41,8 @@ SMALL = {
     "generate": ["--max_new_tokens", "8"],
     "export": [],
     "posttrain": ["--max_steps", "2", "--num_prompts", "8", "--eval_prompts", "2", "--eval_samples_per_prompt", "2",
-                  "--eval_max_new_tokens", "8", "--per_device_train_batch_size", "4"],
+                  "--eval_max_new_tokens", "8", "--per_device_train_batch_size", "4",
+                  "--lm_validation_file", "valid.txt"],  # bits per byte of 20 kB, not of the 4 validation plays
 }  # fmt: skip
 # minirope-posttrain's flags that only one method's TRL config has; dpo's own pairs are ranked by length, as the tiny
 # model's lines never scan (no pair would differ).

@@ -23,8 +23,9 @@ def test_lm_eval_bits_per_byte_equals_the_runs_own_evaluation(tmp_path):
     pytest.importorskip("lm_eval")
     output_dir = tmp_path / "model"
     at = TINY_RUN.index("--max_eval_samples")
-    run_args = TINY_RUN[:at] + TINY_RUN[at + 2 :]  # the whole validation split
-    metrics = pretrain.run([*run_args, "--block_size", "64", "--max_steps", "60", "--output_dir", str(output_dir)])
+    run_args = TINY_RUN[:at] + TINY_RUN[at + 2 :]  # the whole validation split, evaluated once, at the end
+    metrics = pretrain.run([*run_args, "--block_size", "64", "--max_steps", "60", "--eval_steps", "60",
+                            "--output_dir", str(output_dir)])  # fmt: skip
     command = [
         str(Path(sys.executable).parent / "lm_eval"), "--model", "hf",
         "--model_args", f"pretrained={output_dir},trust_remote_code=True,dtype=float32",

