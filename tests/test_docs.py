@@ -192,9 +192,10 @@ def page_id(page: Path) -> str:
 
 
 WITH_CODE = [page for page in PAGES if any(kind in ("python", "bash") for kind, _ in blocks(page))]
-# Pages whose commands the default run covers elsewhere, followed in `make test-slow` only (about 50 s together):
-# exports (tests/test_export.py, test_hub.py and the exports benchmark's smoke run), long context (test_extend.py).
-SLOW_PAGES = {"docs/exports.md", "docs/long_context.md"}
+# Pages whose commands the default run covers elsewhere, followed in `make test-slow` only (about 110 s together):
+# exports (tests/test_export.py, test_hub.py), long context (test_extend.py), training (test_pretrain_e2e.py,
+# test_stream.py, test_finetune.py, test_extend.py, and test_hub.py for its Hub pushes and resume).
+SLOW_PAGES = {"docs/exports.md", "docs/long_context.md", "docs/training.md"}
 
 
 def follow(page: Path | str, workspace: Path, name: str = "page") -> None:

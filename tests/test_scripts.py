@@ -45,6 +45,7 @@ def test_scaling_plan_prints_its_tables():
     assert printed.count("|---") >= 2
 
 
+@pytest.mark.slow  # a benchmark's smoke run (~14 s); minirope-pretrain itself runs in test_pretrain_e2e.py
 def test_recipe_runs_a_pretraining_and_records_it(tmp_path):
     results, flags = tmp_path / "recipe.json", " ".join(TINY_RUN)
     printed = run_script("benchmarks/recipe.py", f"budget-tiny@6:{flags}", "--results", results, "--plots", tmp_path)
@@ -87,6 +88,7 @@ def test_long_context(tmp_path, tiny_pretrained):
     assert "yarn" in printed
 
 
+@pytest.mark.slow  # a benchmark's smoke run (~16 s); test_export.py runs llama.cpp and onnxruntime themselves
 @pytest.mark.client
 def test_exports_benchmark(tmp_path, tiny_pretrained):
     pytest.importorskip("llama_cpp")  # the script's clients: llama.cpp and onnxruntime
