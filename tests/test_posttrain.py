@@ -167,11 +167,12 @@ def test_distillation_from_a_teacher_writes_a_model_that_loads(tiny_pretrained, 
     assert written["reward_funcs"] == ["meter_reward", "word_variety_reward"]  # measured, not trained on
 
 
-def test_bf16_trains_in_bf16_after_the_measures(tiny_pretrained, tmp_path, monkeypatch):
-    """`--bf16 True` (and `--use_cpu True`, which transformers asks for bf16 on a CPU): the measures before and after
-    the warm start evaluate in the run's precision, so the trainers built after them start in bf16 (accelerate holds
-    one precision a process; a float32 evaluation between them once stopped GRPO with "AcceleratorState has already
-    been initialized")."""
+@pytest.mark.parametrize("half", ["bf16", "fp16"])
+def test_half_precision_trains_in_it_after_the_measures(half, tiny_pretrained, tmp_path, monkeypatch):
+    """`--bf16 True` or `--fp16 True` (with `--use_cpu True`, which transformers asks for on a CPU): the measures
+    before and after the warm start evaluate in the run's precision, and the warm start trains in it, so every trainer
+    starts in it (accelerate holds one precision a process; a float32 evaluation between them once stopped GRPO with
+    "AcceleratorState has already been initialized", and a float32 warm start stopped an fp16 run)."""
     precision, add_corpus = {}, corpus.add_corpus
 
     def spy(trainer, *args):
@@ -180,14 +181,14 @@ def test_bf16_trains_in_bf16_after_the_measures(tiny_pretrained, tmp_path, monke
 
     monkeypatch.setattr(corpus, "add_corpus", spy)
     monkeypatch.setattr(warm_start, "add_corpus", spy)
-    out, validation = tmp_path / "grpo-bf16", tmp_path / "validation.txt"
+    out, validation = tmp_path / f"grpo-{half}", tmp_path / "validation.txt"
     validation.write_text(shakespeare_dataset()["validation"]["text"][0][:20_000])  # 3 evaluations of 20 kB
     posttrain.run([
         "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
-        *TINY_GRPO, "--bf16", "True", "--use_cpu", "True", "--lm_validation_file", str(validation),
+        *TINY_GRPO, f"--{half}", "True", "--use_cpu", "True", "--lm_validation_file", str(validation),
     ])  # fmt: skip
     loads_and_generates(out)
-    assert precision == {"MiniRopeSFTTrainer": "bf16", "MiniRopeGRPOTrainer": "bf16"}
+    assert precision == {"MiniRopeSFTTrainer": half, "MiniRopeGRPOTrainer": half}
     written = summary(out)
     assert written["steps"] == 2 and written["warm_start"]["steps"] == 2
     assert 0 < written["after"]["validation_bits_per_byte"] < 20

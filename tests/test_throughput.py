@@ -142,3 +142,42 @@ def test_warmup_stable_decay_decays_over_the_last_30_percent_by_default():
     assert args.lr_scheduler_kwargs == {"num_decay_steps": 30, "decay_type": "linear"}
     by_epochs = pretrain.parse_args(["--max_steps", "-1", "--num_train_epochs", "2", "--lr_decay_type", "linear"])[2]
     assert by_epochs.lr_scheduler_kwargs == {"decay_type": "linear"}  # the decay's steps are counted at the start
+
+
+def test_half_precision_gpu_runs_turn_off_cudnn_attention(monkeypatch, tmp_path):
+    """cuDNN's attention backward returns NaN for masked sequences of 64 + 128k tokens on H100/H200 (the bf16 GRPO
+    run's step 13 on an H200: `avoid_cudnn_attention`'s docstring). Fine-tuning and post-training turn that kernel
+    off for bf16 or fp16 runs on CUDA, and leave it alone for float32, CPU runs and machines without CUDA."""
+    from types import SimpleNamespace
+
+    from minirope.commands import finetune, posttrain
+    from minirope.training.precision import avoid_cudnn_attention
+
+    class Called(Exception):
+        pass
+
+    def called(args):
+        raise Called(args)
+
+    enabled = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        run = SimpleNamespace(bf16=True, fp16=False, use_cpu=False)
+        assert avoid_cudnn_attention(run) is False and torch.backends.cuda.cudnn_sdp_enabled()  # no CUDA here
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        for args in (SimpleNamespace(bf16=False, fp16=False, use_cpu=False), SimpleNamespace(bf16=True, use_cpu=True)):
+            assert avoid_cudnn_attention(args) is False and torch.backends.cuda.cudnn_sdp_enabled()
+        assert avoid_cudnn_attention(SimpleNamespace(bf16=False, fp16=True, use_cpu=False)) is True
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(enabled)
+    # Both commands ask, with their parsed arguments, before any work.
+    monkeypatch.chdir(tmp_path)
+    for command, argv in ((finetune, ["--play", "hamlet"]), (posttrain, [])):
+        monkeypatch.setattr(command, "avoid_cudnn_attention", called)
+        with pytest.raises(Called) as asked:
+            command.run(
+                [*argv, "--model_name_or_path", "x", "--output_dir", "out", "--bf16", "True", "--use_cpu", "True"]
+            )
+        assert asked.value.args[0].bf16 is True
+    assert not any(tmp_path.iterdir())

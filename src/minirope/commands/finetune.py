@@ -51,6 +51,7 @@ from minirope.training.output import (
     optimizer_description,
     remove_old_checkpoints,
 )
+from minirope.training.precision import avoid_cudnn_attention
 from minirope.training.sources import data_kind, file_shards, text_sources
 from minirope.training.supervised import load_prompt_completion, prompt_completion_examples
 from minirope.training.tokenizer import add_chat_template
@@ -216,6 +217,7 @@ def run(argv: list[str] | None = None) -> dict:
     """
     dataclasses = (ModelArguments, LoraArguments, FinetuneDataArguments, FinetuningArguments)
     model_args, lora_args, data_args, training_args, start = start_run(dataclasses, argv)
+    avoid_cudnn_attention(training_args)  # padded batches
     check_output(start.output_dir, "--output_dir", {"--model_name_or_path": model_args.model_name_or_path})
     model, tokenizer = load_causal_lm(model_args, attn_implementation=training_args.attention())
     if tokenizer.pad_token is None:

