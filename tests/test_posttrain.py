@@ -48,6 +48,15 @@ SOLUTION_REWARD = (
 )
 
 
+@pytest.fixture(scope="module")
+def tiny_post(tmp_path_factory) -> list[str]:
+    """`TINY_POST` with 20 kB of a validation play for the measures' bits per byte (the bundled four plays took 3x the
+    time of a tiny run's measures)."""
+    validation = tmp_path_factory.mktemp("validation") / "validation.txt"
+    validation.write_text(shakespeare_dataset()["validation"]["text"][0][:20_000])
+    return [*TINY_POST, "--lm_validation_file", str(validation)]
+
+
 def loads_and_generates(folder: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -60,8 +69,9 @@ def summary(folder: Path) -> dict:
     return json.loads((folder / "run_summary.json").read_text())
 
 
-def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model_that_loads(tiny_pretrained, tmp_path,
-                                                                                          monkeypatch):  # fmt: skip
+def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model_that_loads(
+    tiny_post, tiny_pretrained, tmp_path, monkeypatch
+):
     """The warm start (TRL's SFTTrainer on the verse task's demonstrations) moves the weights before GRPO, and GRPO's
     KL term is taken against the warm-started model (TRL loads its reference from the path the model's config
     names), not against the folder the run started from. The corpus term takes part in the warm start's updates, on
@@ -86,7 +96,7 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
     monkeypatch.setattr(corpus, "training_blocks", blocks_spy)
     out = tmp_path / "grpo"
     result = posttrain.run([
-        "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
+        "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *tiny_post,
         *TINY_GRPO, "--lm_coef", "0.5", "--sft_lm_coef", "1", "--lm_batch_size", "2", "--weight_interpolation", "0.5",
         "--beta", "0.04",  # a KL term (the default is 0): its reference model is the warm-started one
     ])  # fmt: skip
@@ -121,14 +131,14 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
     assert any("lm_loss" in entry for entry in logged)  # the corpus term, logged with TRL's metrics
 
 
-def test_dpo_builds_pairs_from_its_own_samples_and_writes_them(tiny_pretrained, tmp_path, monkeypatch):
+def test_dpo_builds_pairs_from_its_own_samples_and_writes_them(tiny_post, tiny_pretrained, tmp_path, monkeypatch):
     shortness = "def shortness_reward(completions, **kwargs):\n    return [-2.0 * len(c) for c in completions]\n"
     (tmp_path / "my_rewards.py").write_text(LENGTH_REWARD + shortness)  # weighted 1 and 0: ranked by length
     monkeypatch.chdir(tmp_path)  # the reward module is found in the working directory, as `trl grpo` finds it
     monkeypatch.setattr(sys, "path", [path for path in sys.path if path not in ("", str(tmp_path))])
     out = tmp_path / "dpo"
     posttrain.run([
-        "--method", "dpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
+        "--method", "dpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *tiny_post,
         "--reward_funcs", "my_rewards.length_reward", "my_rewards.shortness_reward", "--reward_weights", "1", "0",
         "--samples_per_prompt", "3", "--per_device_train_batch_size", "2", "--max_length", "32",
     ])  # fmt: skip
@@ -139,13 +149,13 @@ def test_dpo_builds_pairs_from_its_own_samples_and_writes_them(tiny_pretrained, 
     assert summary(out)["steps"] == 2 and summary(out)["tokens_seen"] > 0
 
 
-def test_dpo_trains_on_a_preference_file(tiny_pretrained, tmp_path):
+def test_dpo_trains_on_a_preference_file(tiny_post, tiny_pretrained, tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     row = {"prompt": "ROMEO:\n", "chosen": "But soft, what light through yonder window breaks?\n", "rejected": "No.\n"}
     pairs.write_text("".join(json.dumps(row) + "\n" for _ in range(4)))
     out = tmp_path / "dpo-file"
     posttrain.run([
-        "--method", "dpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
+        "--method", "dpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *tiny_post,
         "--train_file", str(pairs), "--per_device_train_batch_size", "2", "--max_length", "32", "--sft_steps", "0",
     ])  # fmt: skip
     loads_and_generates(out)
@@ -154,10 +164,10 @@ def test_dpo_trains_on_a_preference_file(tiny_pretrained, tmp_path):
     assert any("rewards/chosen" in entry for entry in logged)  # DPO's implicit rewards: TRL's loop ran
 
 
-def test_distillation_from_a_teacher_writes_a_model_that_loads(tiny_pretrained, tmp_path):
+def test_distillation_from_a_teacher_writes_a_model_that_loads(tiny_post, tiny_pretrained, tmp_path):
     out = tmp_path / "distill"
     posttrain.run([
-        "--method", "distill", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
+        "--method", "distill", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *tiny_post,
         "--teacher_model_name_or_path", str(tiny_pretrained), "--per_device_train_batch_size", "2",
         "--max_completion_length", "8",
     ])  # fmt: skip
@@ -168,11 +178,11 @@ def test_distillation_from_a_teacher_writes_a_model_that_loads(tiny_pretrained, 
 
 
 @pytest.mark.parametrize("half", ["bf16", "fp16"])
-def test_half_precision_trains_in_it_after_the_measures(half, tiny_pretrained, tmp_path, monkeypatch):
+def test_half_precision_trains_in_it_after_the_measures(tiny_post, half, tiny_pretrained, tmp_path, monkeypatch):
     """`--bf16 True` or `--fp16 True` (with `--use_cpu True`, which transformers asks for on a CPU): the measures
     before and after the warm start evaluate in the run's precision, and the warm start trains in it, so every trainer
     starts in it (accelerate holds one precision a process; a float32 evaluation between them once stopped GRPO with
-    "AcceleratorState has already been initialized", and a float32 warm start stopped an fp16 run)."""
+    "AcceleratorState has already been initialized", and an fp16 run's warm start once trained in float32)."""
     precision, add_corpus = {}, corpus.add_corpus
 
     def spy(trainer, *args):
@@ -181,11 +191,10 @@ def test_half_precision_trains_in_it_after_the_measures(half, tiny_pretrained, t
 
     monkeypatch.setattr(corpus, "add_corpus", spy)
     monkeypatch.setattr(warm_start, "add_corpus", spy)
-    out, validation = tmp_path / f"grpo-{half}", tmp_path / "validation.txt"
-    validation.write_text(shakespeare_dataset()["validation"]["text"][0][:20_000])  # 3 evaluations of 20 kB
+    out = tmp_path / f"grpo-{half}"
     posttrain.run([
-        "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *TINY_POST,
-        *TINY_GRPO, f"--{half}", "True", "--use_cpu", "True", "--lm_validation_file", str(validation),
+        "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *tiny_post,
+        *TINY_GRPO, f"--{half}", "True", "--use_cpu", "True",
     ])  # fmt: skip
     loads_and_generates(out)
     assert precision == {"MiniRopeSFTTrainer": half, "MiniRopeGRPOTrainer": half}
@@ -331,7 +340,9 @@ def test_grpo_on_a_users_dataset_folder_with_a_reward_from_the_working_directory
     assert not any("lm_loss" in entry for entry in logged)  # no corpus term: the bundled plays never touched
 
 
-def test_the_corpus_term_gives_the_same_update_with_gradient_accumulation(tiny_pretrained, tmp_path, monkeypatch):
+def test_the_corpus_term_gives_the_same_update_with_gradient_accumulation(
+    tiny_post, tiny_pretrained, tmp_path, monkeypatch
+):
     """With every reward equal, GRPO's advantages and so its policy gradient are zero, and beta 0 drops the KL term:
     a plain SGD step (no clipping) then moves the weights by the corpus term alone. 4 blocks in one micro-batch
     and 2 + 2 over two accumulated micro-batches must give the same step (TRL 1.16's GRPO scales its own loss for
@@ -341,7 +352,7 @@ def test_the_corpus_term_gives_the_same_update_with_gradient_accumulation(tiny_p
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(shakespeare_dataset()["validation"]["text"][0][:6000])
     common = [
-        "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), *TINY_POST, "--max_steps", "1",
+        "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), *tiny_post, "--max_steps", "1",
         "--reward_funcs", "flat.flat", "--beta", "0", "--optim", "sgd", "--learning_rate", "1", "--max_grad_norm", "0",
         "--lr_scheduler_type", "constant", "--num_generations", "2", "--max_completion_length", "8",
         "--lm_train_file", str(corpus), "--lm_coef", "1", "--sft_steps", "0",
