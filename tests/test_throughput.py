@@ -163,7 +163,8 @@ def test_half_precision_gpu_runs_turn_off_cudnn_attention(monkeypatch, tmp_path)
     try:
         torch.backends.cuda.enable_cudnn_sdp(True)
         run = SimpleNamespace(bf16=True, fp16=False, use_cpu=False)
-        assert avoid_cudnn_attention(run) is False and torch.backends.cuda.cudnn_sdp_enabled()  # no CUDA here
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        assert avoid_cudnn_attention(run) is False and torch.backends.cuda.cudnn_sdp_enabled()  # no CUDA
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         for args in (SimpleNamespace(bf16=False, fp16=False, use_cpu=False), SimpleNamespace(bf16=True, use_cpu=True)):
             assert avoid_cudnn_attention(args) is False and torch.backends.cuda.cudnn_sdp_enabled()
