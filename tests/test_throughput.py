@@ -166,7 +166,10 @@ def test_half_precision_gpu_runs_turn_off_cudnn_attention(monkeypatch, tmp_path)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
         assert avoid_cudnn_attention(run) is False and torch.backends.cuda.cudnn_sdp_enabled()  # no CUDA
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        for args in (SimpleNamespace(bf16=False, fp16=False, use_cpu=False), SimpleNamespace(bf16=True, use_cpu=True)):
+        for args in (
+            SimpleNamespace(bf16=False, fp16=False, use_cpu=False),
+            SimpleNamespace(bf16=True, fp16=False, use_cpu=True),
+        ):
             assert avoid_cudnn_attention(args) is False and torch.backends.cuda.cudnn_sdp_enabled()
         assert avoid_cudnn_attention(SimpleNamespace(bf16=False, fp16=True, use_cpu=False)) is True
         assert not torch.backends.cuda.cudnn_sdp_enabled()

@@ -79,8 +79,7 @@ def avoid_cudnn_attention(args) -> bool:
     and ran through with this kernel off. The other kernels (flash, memory-efficient, math) compute the same
     attention. float32 and CPU runs never use cuDNN's kernel: nothing changes for them.
     """
-    half = bool(getattr(args, "bf16", False) or getattr(args, "fp16", False))
-    if not (half and torch.cuda.is_available() and not getattr(args, "use_cpu", False)):
+    if not ((args.bf16 or args.fp16) and torch.cuda.is_available() and not args.use_cpu):
         return False
     torch.backends.cuda.enable_cudnn_sdp(False)
     print(
