@@ -14,16 +14,16 @@ def test_defaults_reach_what_the_docs_measured_from_the_default_model(tmp_path):
     (a warm start with the corpus term, then `meter_reward` and `word_variety_reward` weighted 1 and 1.5, DPO's pairs
     ranked with `monosyllable_penalty` too) write at least twice the base's iambic lines (DPO 1.3x), at least 90 %
     of lines distinct, with whole-text validation bits per byte near the base's, without the gaming issue 52 saw (at
-    most 15 % of scanning lines monosyllables only, DPO 30 %). The thresholds sit below every run the docs measured
-    (GRPO 46.5-50.1 % iambic at three seeds, 35.0 % and 56.9 % from two of this test's own bases, 2.1-9.5 %
-    monosyllables, 0.81-0.99x the base's words per word, +0.023 to +0.028 bits per byte; DPO 22.9-24.3 % from three
-    bases, 1.42-1.81x theirs, 20.8-27.2 % monosyllables, 0.94-0.95x, +0.026 to +0.030), with room for the spread
-    between runs: the pretraining run alone moved GRPO's meter by 22 points."""
+    most 15 % of scanning lines monosyllables only, DPO 35 %). The thresholds sit below every run the docs measured
+    on a CPU (GRPO 30.3-56.9 % iambic from four bases and three seeds of one, 2.1-12.6 % monosyllables, 0.81-1.05x
+    the base's words per word, +0.023 to +0.028 bits per byte; DPO 22.8-26.6 % from four bases and three seeds of
+    one, 1.42-1.81x theirs, 20.6-29.5 % monosyllables, 0.89-0.95x, +0.026 to +0.031), with room for the spread
+    between runs: the pretraining run alone moved GRPO's meter by 27 points."""
     base = tmp_path / "base"
     pretrain.run(["--output_dir", str(base), "--sample_max_new_tokens", "0"])
     # method: iambic share at least, and x the base's; monosyllables-only share at most; words per word at least x the
     # base's; drift at most
-    limits = {"grpo": (0.30, 2.0, 0.15, 0.75, 0.035), "dpo": (0.20, 1.3, 0.30, 0.80, 0.035)}
+    limits = {"grpo": (0.25, 2.0, 0.15, 0.75, 0.035), "dpo": (0.20, 1.3, 0.35, 0.80, 0.035)}
     for method, (iambic, gain, monosyllabic, words, drift) in limits.items():
         result = posttrain.run(["--method", method, "--model_name_or_path", str(base), "--output_dir",
                                 str(tmp_path / method)])  # fmt: skip
