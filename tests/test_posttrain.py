@@ -294,6 +294,12 @@ def test_the_method_is_parsed_from_a_json_arguments_file_and_tuned_flags_keep_tr
     assert isinstance(config, PosttrainDPOConfig) and config.learning_rate == 5e-5  # minirope's, not TRL's 1e-6
     help_text = PosttrainDPOConfig.__dataclass_fields__["learning_rate"].metadata["help"]
     assert help_text and "learning rate" in help_text.lower()  # TRL's own help, kept where minirope re-defaults
+    # GRPO's retuned groups and reward scaling survive TRL's __post_init__, and the flags still override them
+    _, config = parse_args(["--model", "m"])
+    grouping = (config.num_generations, config.per_device_train_batch_size, config.max_steps, config.scale_rewards)
+    assert grouping == (16, 32, 250, "batch")
+    _, config = parse_args(["--model", "m", "--scale_rewards", "group", "--num_generations", "8"])
+    assert (config.scale_rewards, config.num_generations) == ("group", 8)
 
 
 def problems_folder(root: Path, test_split: bool) -> Path:

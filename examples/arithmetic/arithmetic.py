@@ -108,7 +108,8 @@ def main() -> None:
     else:
         size = ["--max_steps", str(args.pretrain_steps), "--block_size", "128", "--sample_prompt", "What is 12 + 34?"]
         post = ["--max_steps", str(args.grpo_steps), "--learning_rate", "1e-4", "--per_device_train_batch_size", "64",
-                "--num_generations", "16", "--beta", "0", "--temperature", "1.0"]  # fmt: skip
+                "--num_generations", "16", "--beta", "0", "--temperature", "1.0",
+                "--scale_rewards", "group"]  # fmt: skip
         dpo = ["--num_prompts", "512"]
     common = ["--eval_max_new_tokens", "8", "--overwrite_output_dir", "True", "--reward_funcs", *REWARDS]
     post += ["--max_completion_length", "8"]

@@ -255,12 +255,16 @@ class PosttrainGRPOConfig(CpuDefaults, GRPOConfig):
     output_dir: str = retuned(GRPOConfig, "output_dir", "runs/minirope-grpo")
     learning_rate: float = retuned(GRPOConfig, "learning_rate", 6e-4)
     beta: float = retuned(GRPOConfig, "beta", 0.0)
-    num_generations: int | None = retuned(GRPOConfig, "num_generations", 8)
-    per_device_train_batch_size: int = retuned(GRPOConfig, "per_device_train_batch_size", 16)
+    # 16 completions a prompt, 2 prompts a step, 250 steps (the completions of 8 a prompt over 500 steps), their
+    # advantages scaled by the batch's spread instead of each group's: on the verse task, 13 points more iambic lines
+    # at three seeds with no less vocabulary, in 0.8x the time (docs/post_training.md, "How GRPO scales its rewards")
+    num_generations: int | None = retuned(GRPOConfig, "num_generations", 16)
+    per_device_train_batch_size: int = retuned(GRPOConfig, "per_device_train_batch_size", 32)
+    scale_rewards: str = retuned(GRPOConfig, "scale_rewards", "batch")
     max_completion_length: int | None = retuned(GRPOConfig, "max_completion_length", 48)
     temperature: float = retuned(GRPOConfig, "temperature", 0.8)
     top_k: int = retuned(GRPOConfig, "top_k", 50)
-    max_steps: int = retuned(GRPOConfig, "max_steps", 500)
+    max_steps: int = retuned(GRPOConfig, "max_steps", 250)
 
     def __post_init__(self) -> None:
         if self.num_generations is not None and self.num_generations < 2:
