@@ -257,7 +257,8 @@ class PosttrainGRPOConfig(CpuDefaults, GRPOConfig):
     beta: float = retuned(GRPOConfig, "beta", 0.0)
     # 16 completions a prompt, 2 prompts a step, 250 steps (the completions of 8 a prompt over 500 steps), their
     # advantages scaled by the batch's spread instead of each group's: on the verse task, 13 points more iambic lines
-    # at three seeds with no less vocabulary, in 0.8x the time (docs/post_training.md, "How GRPO scales its rewards")
+    # over three seeds, each within 0.9x the base's vocabulary, the GRPO steps in 0.8x the time (docs/post_training.md,
+    # "How GRPO scales its rewards")
     num_generations: int | None = retuned(GRPOConfig, "num_generations", 16)
     per_device_train_batch_size: int = retuned(GRPOConfig, "per_device_train_batch_size", 32)
     scale_rewards: str = retuned(GRPOConfig, "scale_rewards", "batch")
