@@ -381,6 +381,7 @@ CASES = [
     (EXPORT, ["--model", "{model}", "--output", "{w}/valid.txt", "--format", "gguf"], "valid.txt exists"),
     (EXPORT, ["--model", "{w}/none", "--output", "{out}", "--format", "llama"], "'{w}/none': it does not exist"),
     (POSTTRAIN, [*POST, "--method", "ppo"], "--method 'ppo' is not one of grpo, dpo, distill"),
+    (POSTTRAIN, [*DPO, "--rejected_by", "last"], "--rejected_by 'last' is not one of sum, first_reward"),
     (POSTTRAIN, [*GRPO, "--reward_funcs", "no_such_reward"], "--reward_funcs 'no_such_reward' is not a reward"),
     (POSTTRAIN, [*GRPO, "--reward_funcs", "os.no_such_reward"], "--reward_funcs 'os.no_such_reward' is not a reward"),
     (

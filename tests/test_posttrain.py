@@ -147,6 +147,19 @@ def test_dpo_builds_pairs_from_its_own_samples_and_writes_them(tiny_post, tiny_p
     assert pairs and all(len(pair["chosen"]) > len(pair["rejected"]) for pair in pairs)  # ranked by the weighted sum
     assert {pair["prompt"] for pair in pairs} <= set(training_prompts(8, seed=42))  # TrainingArguments.seed
     assert summary(out)["steps"] == 2 and summary(out)["tokens_seen"] > 0
+    assert summary(out)["rejected_by"] == "sum"  # the user's rewards: the worst by their sum
+
+
+def test_dpo_rejects_by_the_first_reward_only_for_the_verse_tasks_default_rewards(tiny_pretrained, tmp_path):
+    for given, rule in (
+        ([], "first_reward"),
+        (["--reward_funcs", "meter_reward"], "sum"),
+        (["--rejected_by", "sum"], "sum"),
+    ):
+        argv = ["--method", "dpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(tmp_path), *given]
+        args, config = parse_args(argv)
+        posttrain.prepare(args, config)
+        assert args.rejected_by == rule, given
 
 
 def test_dpo_trains_on_a_preference_file(tiny_post, tiny_pretrained, tmp_path):
@@ -285,6 +298,31 @@ def test_own_pairs_keep_only_prompts_whose_samples_differ_in_reward(tiny_pretrai
     assert groups == [two.completions[:3], two.completions[3:]]  # each prompt's completions scored together
 
 
+def test_own_pairs_can_reject_the_worst_by_the_first_reward(tiny_pretrained):
+    """`rejected_by="first_reward"`: the chosen is still the best by the weighted sum, the rejected the lowest by the
+    first reward, ties to the lower sum, never one the first reward does not apply to."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
+    samples = sample(model, tokenizer, Dataset.from_dict({"prompt": ["ROMEO:\n"]}), 4, 8, 0, SAMPLING)
+    texts = samples.completions
+
+    def fixed(values):  # a reward giving the k-th completion values[k]
+        return lambda completions, **kw: list(values)
+
+    # sums 5, 3, -3, 11: the best is 3; by the sum the worst is 2; by the first reward 0 and 1 tie, 1 sums lower
+    rewards = [fixed([0.0, 0.0, 1.0, 2.0]), fixed([5.0, 3.0, -4.0, 9.0])]
+    by_sum, by_first = own_pairs(samples, rewards), own_pairs(samples, rewards, rejected_by="first_reward")
+    assert (by_sum[0]["chosen"], by_sum[0]["rejected"]) == (texts[3], texts[2])
+    assert (by_first[0]["chosen"], by_first[0]["rejected"]) == (texts[3], texts[1])
+    assert own_pairs(samples, rewards, margin=8.1, rejected_by="first_reward") == []  # 11 - 3 < 8.1: no pair
+    # the first reward does not apply to completion 0 (None): it is the worst by the sum, never by the first reward
+    rewards = [fixed([None, 0.0, 1.0, 2.0]), fixed([-9.0, 3.0, -4.0, 9.0])]
+    assert own_pairs(samples, rewards)[0]["rejected"] == texts[0]
+    assert own_pairs(samples, rewards, rejected_by="first_reward")[0]["rejected"] == texts[1]
+    with pytest.raises(ValueError, match="rejected_by must be one of sum, first_reward, got 'last'"):
+        own_pairs(samples, rewards, rejected_by="last")
+
+
 def test_the_method_is_parsed_from_a_json_arguments_file_and_tuned_flags_keep_trl_help(tmp_path):
     arguments = tmp_path / "args.json"
     arguments.write_text(json.dumps({"model_name_or_path": "m", "method": "dpo", "max_steps": 3}))
@@ -292,6 +330,7 @@ def test_the_method_is_parsed_from_a_json_arguments_file_and_tuned_flags_keep_tr
     assert args.method == "dpo" and isinstance(config, PosttrainDPOConfig) and config.max_steps == 3
     args, config = parse_args(["--model", "m", "--method=dpo"])
     assert isinstance(config, PosttrainDPOConfig) and config.learning_rate == 5e-5  # minirope's, not TRL's 1e-6
+    assert config.loss_type == ["sigmoid"] and args.rejected_by is None  # None: chosen by the task when run
     help_text = PosttrainDPOConfig.__dataclass_fields__["learning_rate"].metadata["help"]
     assert help_text and "learning rate" in help_text.lower()  # TRL's own help, kept where minirope re-defaults
     # GRPO's retuned groups and reward scaling survive TRL's __post_init__, and the flags still override them

@@ -110,7 +110,7 @@ def main() -> None:
         post = ["--max_steps", str(args.grpo_steps), "--learning_rate", "1e-4", "--per_device_train_batch_size", "64",
                 "--num_generations", "16", "--beta", "0", "--temperature", "1.0",
                 "--scale_rewards", "group"]  # fmt: skip
-        dpo = ["--num_prompts", "512"]
+        dpo = ["--num_prompts", "512", "--loss_type", "sigmoid", "sft"]  # RPO: here 22.0 % exact, sigmoid's 17.5 %
     common = ["--eval_max_new_tokens", "8", "--overwrite_output_dir", "True", "--reward_funcs", *REWARDS]
     post += ["--max_completion_length", "8"]
     dpo += ["--max_length", "48"]

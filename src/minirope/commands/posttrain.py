@@ -54,7 +54,7 @@ def prepare(args, config) -> Setup:
     Raises:
         ValueError, OSError: naming the flag, the folder or the file.
     """
-    from minirope.training.posttraining.arguments import verse_rewards
+    from minirope.training.posttraining.arguments import VERSE_REJECTED_BY, verse_rewards
     from minirope.training.posttraining.corpus import corpus_of
     from minirope.training.posttraining.data import check_chat_template, load_task_data
     from minirope.training.posttraining.rewards import resolve_reward
@@ -78,6 +78,8 @@ def prepare(args, config) -> Setup:
     rewards = [resolve_reward(name) for name in names]
     if hasattr(config, "reward_weights") and config.reward_weights is None and defaults:
         config.reward_weights = list(defaults.values())  # the verse task's default rewards' weights
+    if args.rejected_by is None:
+        args.rejected_by = VERSE_REJECTED_BY if defaults else "sum"
     weights = getattr(config, "reward_weights", None)  # distill has none
     if weights is not None and len(weights) != len(rewards):
         raise ValueError(f"--reward_weights: {len(weights)} given for {len(rewards)} rewards ({', '.join(names)}): "
@@ -124,7 +126,7 @@ def own_preference_pairs(setup: Setup, args, config) -> Dataset:
 
     samples = sample(setup.model, setup.tokenizer, setup.data.pair_prompts, args.samples_per_prompt,
                      args.eval_max_new_tokens, config.seed, SAMPLING)  # fmt: skip
-    pairs = own_pairs(samples, setup.rewards, args.min_reward_margin, config.reward_weights)
+    pairs = own_pairs(samples, setup.rewards, args.min_reward_margin, config.reward_weights, args.rejected_by)
     if not pairs:
         raise ValueError(f"no preference pairs: no prompt's samples differ in reward by --min_reward_margin "
                          f"{args.min_reward_margin} or more; lower it, raise --samples_per_prompt or --num_prompts, or "
@@ -230,6 +232,7 @@ def report(trainer, setup: Setup, args, before, after, train_metrics: dict) -> d
         "teacher": getattr(config, "teacher_model_name_or_path", None),
         "reward_funcs": [reward_name(reward) for reward in setup.rewards],
         "reward_weights": getattr(config, "reward_weights", None),
+        "rejected_by": args.rejected_by if args.method == "dpo" and setup.data.train is None else None,
         "steps": steps,
         "learning_rate": config.learning_rate,
         "batch_size": config.per_device_train_batch_size,

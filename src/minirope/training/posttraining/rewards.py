@@ -94,14 +94,26 @@ def check_rewards(rewards: list, rows: Dataset, completions: list, completion_id
             )
 
 
-def own_pairs(samples, rewards: list, margin: float = 0.0, weights: list[float] | None = None) -> list[dict]:
+REJECTED_BY = ("sum", "first_reward")  # own_pairs' rules for the sample a pair rejects
+
+
+def own_pairs(
+    samples, rewards: list, margin: float = 0.0, weights: list[float] | None = None, rejected_by: str = "sum"
+) -> list[dict]:
     """Preference pairs from the model's own samples (`minirope.training.posttraining.measures.Samples`, several
     completions of each prompt): each prompt's completions ranked by the sum of `rewards` times `weights` (default 1
     each, as GRPO sums its rewards), each reward called (`call_reward`) on that prompt's completions together, as
     GRPO scores a prompt's group (a reward that reads the batch, like `word_variety_reward`, compares them with each
-    other; None, "does not apply", adds nothing, and a completion no reward applies to is left out); the best is
-    chosen and the worst rejected, where the best scores higher by at least `margin`. Each pair keeps its row's other
-    columns."""
+    other; None, "does not apply", adds nothing, and a completion no reward applies to is left out). The best by the
+    sum is chosen; the rejected is the worst by the sum (`rejected_by="sum"`) or by the first reward
+    (`"first_reward"`, ties to the lower sum; a completion the first reward does not apply to is not rejected); a
+    pair is kept where the chosen's sum is higher by at least `margin`. Each pair keeps its row's other columns.
+
+    Raises:
+        ValueError: `rejected_by` is neither "sum" nor "first_reward".
+    """
+    if rejected_by not in REJECTED_BY:
+        raise ValueError(f"rejected_by must be one of {', '.join(REJECTED_BY)}, got {rejected_by!r}.")
     pairs, weights = [], weights or [1.0] * len(rewards)
     for index, row in enumerate(samples.prompt_rows):
         rows, texts, ids = samples.group(index)
@@ -111,7 +123,13 @@ def own_pairs(samples, rewards: list, margin: float = 0.0, weights: list[float] 
                   for k, column in columns if any(v is not None for v in column)]  # fmt: skip
         if len(scored) < 2:
             continue
-        (best_score, best), (worst_score, worst) = max(scored), min(scored)
+        best_score, best = max(scored)
+        if rejected_by == "sum":
+            worst_score, worst = min(scored)
+        else:
+            first = values[0]
+            ranked = [(first[k], score, k) for score, k in scored if first[k] is not None]
+            _, worst_score, worst = min(ranked, default=(None, best_score, best))
         if best_score > worst_score and best_score - worst_score >= margin:
             pairs.append({**row, "chosen": texts[best], "rejected": texts[worst]})
     return pairs
