@@ -319,6 +319,10 @@ def test_own_pairs_can_reject_the_worst_by_the_first_reward(tiny_pretrained):
     rewards = [fixed([None, 0.0, 1.0, 2.0]), fixed([-9.0, 3.0, -4.0, 9.0])]
     assert own_pairs(samples, rewards)[0]["rejected"] == texts[0]
     assert own_pairs(samples, rewards, rejected_by="first_reward")[0]["rejected"] == texts[1]
+    # the first reward applies to none: the sum still ranks a pair, the first reward has nothing to reject
+    rewards = [fixed([None] * 4), fixed([-9.0, 3.0, -4.0, 9.0])]
+    assert own_pairs(samples, rewards)[0]["rejected"] == texts[0]
+    assert own_pairs(samples, rewards, rejected_by="first_reward") == []
     with pytest.raises(ValueError, match="rejected_by must be one of sum, first_reward, got 'last'"):
         own_pairs(samples, rewards, rejected_by="last")
 

@@ -129,7 +129,9 @@ def own_pairs(
         else:
             first = values[0]
             ranked = [(first[k], score, k) for score, k in scored if first[k] is not None]
-            _, worst_score, worst = min(ranked, default=(None, best_score, best))
+            if not ranked:  # the first reward applies to none of them: nothing to reject
+                continue
+            _, worst_score, worst = min(ranked)
         if best_score > worst_score and best_score - worst_score >= margin:
             pairs.append({**row, "chosen": texts[best], "rejected": texts[worst]})
     return pairs
