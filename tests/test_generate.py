@@ -1,5 +1,6 @@
 """The stock generate() works on minirope: the KV cache changes nothing, and Llama generates the same."""
 
+import pytest
 import torch
 from conftest import llama_twin, random_model, tiny_config
 
@@ -57,3 +58,26 @@ def test_minirope_generate_says_once_when_the_text_reaches_past_the_trained_cont
     notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[minirope] the prompt")]
     assert len(notices) == 1 and "past the 32 this model was trained on" in notices[0]
     assert "minirope-extend" in notices[0]
+
+
+def test_minirope_generate_chat_prints_the_reply_alone_as_the_template_and_generate_give_it(tiny_pretrained, capsys):
+    """`--chat --system`: the conversation through the tokenizer's chat template, the assistant's turn opened; what is
+    printed is `generate()`'s greedy continuation of that text, decoded without special tokens, and nothing of the
+    prompt or the template. Without a template, --chat is one line naming the fix; --system without --chat too."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from minirope.commands import generate
+
+    messages = [{"role": "system", "content": "Speak verse."}, {"role": "user", "content": "Who goes there?"}]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
+    model = AutoModelForCausalLM.from_pretrained(tiny_pretrained).eval()
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    inputs = tokenizer(text, add_special_tokens=False, return_tensors="pt")
+    out = model.generate(**inputs, max_new_tokens=6, do_sample=False)
+    reply = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    generate.run(["--model", str(tiny_pretrained), "--measured_products", "False", "--do_sample", "False", "--chat",
+                  "--system", "Speak verse.", "--prompt", "Who goes there?", "--max_new_tokens", "6"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert printed.strip() == reply.strip() and "Who goes there?" not in printed and "Speak verse." not in printed
+    with pytest.raises(ValueError, match="--system is a chat message: pass --chat too"):
+        generate.run(["--model", str(tiny_pretrained), "--prompt", "x", "--system", "Speak verse."])

@@ -116,6 +116,7 @@ def test_pretrain_pushes_the_finished_folder_once_and_it_loads_by_repo_id_withou
     server, env = hub
     assert_pushed_once(server, REPO, pushed)
     assert not any(path.startswith(".staging") for path in server.files(REPO))
+    assert f'from_pretrained("{REPO}"' in server.files(REPO)["README.md"].decode()  # the repo, not the folder "run"
     assert card_of(server, REPO).base_model is None  # trained from scratch
     loaded = load_by_id([REPO, str(pushed)], env, tmp_path)
     remote, local = loaded[REPO], loaded[str(pushed)]
@@ -153,6 +154,7 @@ def test_every_command_starts_from_a_hub_id_at_a_revision_and_pushes_its_folder_
             env, tmp_path)  # fmt: skip
         assert_pushed_once(server, repo, out, measured=command != "posttrain")  # DPO on pairs: no validation text
         card = card_of(server, repo)
+        assert f'from_pretrained("{repo}"' in server.files(repo)["README.md"].decode()
         assert (card.base_model, card.base_model_relation) == (REPO, "finetune")
         assert lineage[command] in card.tags
         outs[repo] = out
@@ -183,6 +185,8 @@ def closed_port() -> str:
         ("no token", "needs a Hugging Face token with write access"),
         ("unknown token", "refused the token (HTTP 401)"),
         ("read-only token", "is read-only"),
+        ("fine-grained read token", "(fine-grained) may write to no repository"),
+        ("fine-grained token of another namespace", "me cannot write to team/tiny: push to me/"),
         ("another namespace", "me cannot write to someone/"),
         ("no Hub", "cannot be reached"),
     ],
@@ -191,11 +195,14 @@ def test_a_push_that_cannot_happen_is_one_line_before_any_work(hub_here, tmp_pat
                                                                expected):  # fmt: skip
     """Each reason a push would fail is found when the flags are parsed: exit 1, one line naming the cause and the
     fix, no output folder."""
-    repo = "someone/tiny" if cause == "another namespace" else REPO
+    repos = {"another namespace": "someone/tiny", "fine-grained token of another namespace": "team/tiny"}
+    repo = repos.get(cause, REPO)
+    tokens = {"unknown token": "hf_wrong", "read-only token": "hf_read", "fine-grained read token": "hf_fine_read",
+              "fine-grained token of another namespace": "hf_fine_write"}  # fmt: skip
     if cause == "no token":
         monkeypatch.delenv("HF_TOKEN")
-    elif cause in ("unknown token", "read-only token"):
-        monkeypatch.setenv("HF_TOKEN", "hf_wrong" if cause == "unknown token" else "hf_read")
+    elif cause in tokens:
+        monkeypatch.setenv("HF_TOKEN", tokens[cause])
     elif cause == "no Hub":
         monkeypatch.setattr(constants, "ENDPOINT", closed_port())
     out = tmp_path / "run"
@@ -203,6 +210,23 @@ def test_a_push_that_cannot_happen_is_one_line_before_any_work(hub_here, tmp_pat
                                     repo], monkeypatch, capsys)  # fmt: skip
     assert err.startswith("minirope-pretrain: error: --push_to_hub") and expected in err, err
     assert not out.exists()
+
+
+def test_a_push_that_fails_after_training_keeps_the_folder_and_says_how_to_upload_it(hub_here, tmp_path, monkeypatch,
+                                                                                      capsys):  # fmt: skip
+    """The Hub refusing the final commit (after every check passed): exit 1, one line naming the saved folder and the
+    upload command; the folder is complete and loads."""
+
+    def refuse(*args, **kwargs):
+        raise ConnectionError("the Hub went away")
+
+    monkeypatch.setattr(HfApi, "upload_folder", refuse)
+    out = tmp_path / "run"
+    err = cli_error(pretrain.main, [*TINY_RUN, "--output_dir", str(out), "--push_to_hub", "True", "--hub_model_id",
+                                    REPO], monkeypatch, capsys)  # fmt: skip
+    assert err.startswith(f"minirope-pretrain: error: the push to {REPO} failed (ConnectionError"), err
+    assert f"saved in {out}/" in err and f"hf upload {REPO} {out}" in err, err
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
 
 
 @pytest.mark.parametrize("command", ["finetune", "extend", "posttrain", "export"])

@@ -35,7 +35,7 @@ from minirope.training.posttraining.verse import training_prompts, validation_he
 # warm start of 2 steps.
 TINY_POST = [
     "--max_steps", "2", "--num_prompts", "8", "--eval_prompts", "2", "--eval_samples_per_prompt", "2",
-    "--eval_max_new_tokens", "8", "--logging_steps", "1", "--sft_steps", "2",
+    "--eval_max_new_tokens", "8", "--logging_steps", "1", "--sft_steps", "2", "--keep_last", "True",
 ]  # fmt: skip
 TINY_GRPO = ["--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "8"]
 # A reward with spread on a tiny model's text (its lines never scan): longer completions score higher.
@@ -243,7 +243,7 @@ def test_prompts_come_from_the_training_plays_and_headers_from_the_validation_pl
     assert sum(prompt.count("\n") == 2 for prompt in prompts) == 32  # half with the speech's first line
     validation = "".join(shakespeare_dataset()["validation"]["text"])
     training = "".join(shakespeare_dataset()["train"]["text"])
-    assert all(prompt.split("\n", 1)[1] in training for prompt in prompts)
+    assert all(f"\n{prompt}" in training for prompt in prompts)  # the header (and first line) as a speech starts
     headers = validation_headers(16)
     assert len(set(headers)) == 16 and all(f"\n{header}" in validation for header in headers)
     assert len(VALIDATION_PLAYS) == 4
@@ -343,6 +343,14 @@ def test_the_method_is_parsed_from_a_json_arguments_file_and_tuned_flags_keep_tr
     assert grouping == (16, 32, 250, "batch")
     _, config = parse_args(["--model", "m", "--scale_rewards", "group", "--num_generations", "8"])
     assert (config.scale_rewards, config.num_generations) == ("group", 8)
+    # with data, the defaults measured on users' tasks, not the verse task's (its learning rate made them worse)
+    for data in (["--dataset_name", "d"], ["--train_file", "f.jsonl"]):
+        _, config = parse_args(["--model", "m", *data])
+        grouping = (config.num_generations, config.per_device_train_batch_size, config.max_steps, config.scale_rewards)
+        assert grouping == (16, 64, 300, "group") and config.learning_rate == 1e-4 and config.temperature == 1.0
+    arguments.write_text(json.dumps({"model_name_or_path": "m", "dataset_name": "d"}))
+    _, config = parse_args([str(arguments)])
+    assert config.learning_rate == 1e-4 and config.eval_steps == 0.2
 
 
 def problems_folder(root: Path, test_split: bool) -> Path:
@@ -389,6 +397,82 @@ def test_grpo_on_a_users_dataset_folder_with_a_reward_from_the_working_directory
     assert not any("lm_loss" in entry for entry in logged)  # no corpus term: the bundled plays never touched
 
 
+def user_task(root: Path, monkeypatch) -> list[str]:
+    """The flags of a GRPO run on a user's task (`problems_folder`, a reward in the working directory), tiny."""
+    (root / "task_rewards.py").write_text(SOLUTION_REWARD)
+    monkeypatch.chdir(root)
+    folder = problems_folder(root, test_split=True)
+    return ["--method", "grpo", "--dataset_name", str(folder), "--reward_funcs", "task_rewards.starts_right",
+            *TINY_POST[:-2], *TINY_GRPO, "--sft_steps", "0", "--learning_rate", "1e-2"]  # fmt: skip
+
+
+@pytest.mark.parametrize("keep_last", [False, True])
+def test_a_run_that_beats_no_measure_keeps_the_starting_weights_and_says_so(tiny_pretrained, tmp_path, monkeypatch,
+                                                                           capsys, keep_last):  # fmt: skip
+    """Every measure during training scores below the start (the score patched to fall): the folder holds the
+    starting weights, the run says nothing was gained (its last line, the summary, the card); with --keep_last the
+    trained weights are written and the fall is said."""
+    from minirope.training.posttraining import keep_best
+
+    monkeypatch.setattr(keep_best, "held_out_score", lambda *args: -1.0)
+    out = tmp_path / "grpo"
+    posttrain.run([*user_task(tmp_path, monkeypatch), "--model_name_or_path", str(tiny_pretrained), "--output_dir",
+                   str(out), "--max_steps", "3", "--eval_steps", "1", "--keep_last", str(keep_last)])  # fmt: skip
+    start, written = load_file(tiny_pretrained / "model.safetensors"), load_file(out / "model.safetensors")
+    same = all(torch.equal(written[name], start[name]) for name in start)
+    run_summary, printed = summary(out), capsys.readouterr().out.strip().splitlines()
+    assert [entry["step"] for entry in run_summary["kept"]["measured"]] == [0, 1, 2, 3]
+    assert run_summary["kept"]["gained"] is False
+    if keep_last:
+        assert not same and run_summary["kept"]["kept_step"] == 3
+        assert "fell" in printed[-1] and "kept anyway (--keep_last)" in printed[-1]
+    else:
+        assert same and run_summary["kept"]["kept_step"] == 0
+        assert printed[-1].startswith("[minirope] nothing gained: no step beat the starting model's held-out")
+        assert "--learning_rate" in printed[-1] and "nothing gained" in (out / "README.md").read_text()
+    assert run_summary["gained"] in printed[-1]
+
+
+def test_keep_best_restores_the_weights_of_the_best_measure(tiny_pretrained):
+    """Scores 0.1 (start), 0.3, 0.2: the weights of the second measure are put back, and the line names its step."""
+    from minirope.training.posttraining.keep_best import KeepBest
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
+    scores = iter([0.3, 0.2])
+    keep = KeepBest(lambda model: next(scores), every=1)
+    keep.start(model, 0.1)
+    weights = {}
+    for step in (1, 2):
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(step)
+        weights[step] = {name: value.clone() for name, value in model.state_dict().items()}
+        keep.record(model, step)
+    selection = keep.restore_best(model)
+    assert selection.kept_step == 1 and selection.gained
+    assert all(torch.equal(value, weights[1][name]) for name, value in model.state_dict().items())
+    assert selection.line("exact (greedy)") == "held-out exact (greedy) 0.100 -> 0.300: kept step 1 of 2"
+
+
+def test_a_killed_grpo_run_resumes_from_its_checkpoint_to_the_uninterrupted_weights(tiny_pretrained, tmp_path,
+                                                                                    monkeypatch, capsys):  # fmt: skip
+    """A run with checkpoints every 2 of 4 steps, and the folder a run killed after its first checkpoint leaves (that
+    checkpoint alone): `--resume_from_checkpoint last` keeps the checkpoint, says nothing of removing it, and ends
+    with the uninterrupted run's weights and measures."""
+    flags = [*user_task(tmp_path, monkeypatch), "--model_name_or_path", str(tiny_pretrained), "--max_steps", "4",
+             "--save_strategy", "steps", "--save_steps", "2", "--eval_steps", "1"]  # fmt: skip
+    want = posttrain.run([*flags, "--output_dir", str(tmp_path / "whole")])
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    shutil.copytree(tmp_path / "whole" / "checkpoint-2", killed / "checkpoint-2")
+    capsys.readouterr()
+    got = posttrain.run([*flags, "--output_dir", str(killed), "--resume_from_checkpoint", "last"])
+    assert "removed" not in capsys.readouterr().out and (killed / "checkpoint-2" / "trainer_state.json").is_file()
+    whole, resumed = load_file(tmp_path / "whole" / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert all(torch.allclose(resumed[name], whole[name], atol=1e-6) for name in whole)
+    assert got["kept"] == want["kept"] and got["steps"] == want["steps"] == 4
+
+
 def test_the_corpus_term_gives_the_same_update_with_gradient_accumulation(
     tiny_post, tiny_pretrained, tmp_path, monkeypatch
 ):
@@ -419,3 +503,19 @@ def test_the_corpus_term_gives_the_same_update_with_gradient_accumulation(
     assert moved  # the corpus term moved the weights
     for name in start:
         torch.testing.assert_close(weights["two"][name], weights["one"][name], rtol=1e-4, atol=1e-6)
+
+
+def test_the_corpus_term_is_refused_under_deepspeed():
+    """The corpus term's second backward pass is not DeepSpeed's: a run that would mix them is refused when prepared
+    (before anything is written); without a corpus, or with its weights at 0, DeepSpeed is left alone."""
+    from types import SimpleNamespace
+
+    from minirope.training.posttraining.corpus import check_corpus_term
+
+    deepspeed, plain = SimpleNamespace(deepspeed="ds_config.json"), SimpleNamespace(deepspeed=None)
+    term = SimpleNamespace(shards=["text"], coef=0.5, warm_coef=0.0)
+    with pytest.raises(ValueError, match=r"the corpus term \(--lm_coef 0.5, --sft_lm_coef 0.0\) .* DeepSpeed"):
+        check_corpus_term(term, deepspeed)
+    check_corpus_term(term, plain)
+    check_corpus_term(SimpleNamespace(shards=["text"], coef=0.0, warm_coef=0.0), deepspeed)
+    check_corpus_term(SimpleNamespace(shards=None, coef=0.5, warm_coef=0.5), deepspeed)

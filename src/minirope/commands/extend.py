@@ -36,6 +36,7 @@ from minirope.training.arguments import MiniRopeTrainingArguments, start_run
 from minirope.training.checkpoints import check_resume
 from minirope.training.data import TextDataArguments, data_description, training_blocks, validation_windows
 from minirope.training.evaluation import DISTANCES, repeat_test
+from minirope.training.hub import card_name
 from minirope.training.output import (
     check_previous_run,
     finish_run,
@@ -249,7 +250,7 @@ def report(trainer, model_args, args, data_args, start, measures: Measures) -> d
     largest = max(eval_sizes)
     card_metrics = {f"eval_{key}": after[f"after_{largest}_{key}"] for key in ("bits_per_byte", "nats_per_token")}
     dataset = data_description(data_args)
-    card = model_card(start.output_dir.name, config, card_metrics, dataset, how_trained, base_model=base,
+    card = model_card(card_name(trainer.args), config, card_metrics, dataset, how_trained, base_model=base,
                       methods=("context-extension", args.rope_type))  # fmt: skip
     lines = [f"{scaling}, {original} -> {data_args.block_size} tokens, {steps} steps"]
     lines += [f"validation bits/byte at {change}" for change in changes]

@@ -43,6 +43,7 @@ from minirope.training.data import (
     hold_out,
     tokenize_and_block,
 )
+from minirope.training.hub import card_name
 from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.output import (
     check_previous_run,
@@ -287,7 +288,7 @@ def report(trainer, model_args, lora_args, data_args, start, measures: Measures)
     )
     dataset, adapter = data_args.play or data_description(data_args), lora_args.lora and not lora_args.merge_lora
     card = model_card(
-        start.output_dir.name,
+        card_name(trainer.args),
         trainer.model.config,
         after,
         dataset,

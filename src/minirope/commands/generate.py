@@ -3,6 +3,7 @@
     minirope-generate --model runs/minirope-shakespeare --prompt "ROMEO:" --max_new_tokens 200
     minirope-generate --model DIR --prompt "KING:" --do_sample False        # greedy
     minirope-generate --model DIR --prompt "KING:" --temperature 0.7 --top_p 0.9 --seed 1
+    minirope-generate --model smol --chat --prompt "What is 17 + 25?"     # an instruct model: its reply alone
 
 Sampling settings left unset come from the model's generation_config.json. A folder saved by minirope
 loads with or without minirope installed (remote code, `--trust_remote_code`).
@@ -21,7 +22,16 @@ from minirope.folders import ModelArguments, load_causal_lm
 
 @dataclass
 class GenerateArguments:
-    prompt: str = field(metadata={"help": "Text to continue."})
+    prompt: str = field(metadata={"help": "Text to continue (with --chat: the user's message)."})
+    chat: bool = field(
+        default=False,
+        metadata={
+            "help": "Send --prompt as a user message through the tokenizer's chat template (with the assistant's turn "
+            "opened, as `apply_chat_template(..., add_generation_prompt=True)` does) and print the reply alone: for "
+            "instruct and chat models."
+        },
+    )
+    system: str | None = field(default=None, metadata={"help": "With --chat: a system message before the prompt."})
     max_new_tokens: int = field(default=200, metadata={"help": "Tokens to generate after the prompt."})
     do_sample: bool | None = field(default=None, metadata={"help": "Sample (True) or greedy (False)."})
     temperature: float | None = field(default=None, metadata={"help": "Softmax temperature when sampling."})
@@ -49,6 +59,13 @@ class GenerateArguments:
             raise ValueError(f"--top_p must be in (0, 1], got {self.top_p}: e.g. 0.9.")
         if self.top_k is not None and self.top_k < 0:
             raise ValueError(f"--top_k must be >= 0 (0: no limit), got {self.top_k}.")
+        if self.system is not None and not self.chat:
+            raise ValueError("--system is a chat message: pass --chat too (or put the text in --prompt).")
+
+    def messages(self) -> list[dict[str, str]]:
+        """The conversation `--chat` sends: the system message (if any), then the prompt as the user's."""
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return [*system, {"role": "user", "content": self.prompt}]
 
     def generation_kwargs(self) -> dict:
         names = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p")
@@ -93,13 +110,31 @@ def run(argv: list[str] | None = None) -> None:
     if args.measured_products:
         measured_products(model)
     set_seed(args.seed)
-    inputs = tokenizer(args.prompt, return_tensors="pt").to(model.device)
+    inputs = model_inputs(tokenizer, args, model.device)
     notice = context_notice(model.config, inputs["input_ids"].shape[1], args.max_new_tokens)
     if notice:
         print(notice, file=sys.stderr)
-    streamer = TextStreamer(tokenizer, skip_special_tokens=True)
+    streamer = TextStreamer(tokenizer, skip_prompt=args.chat, skip_special_tokens=True)
     with torch.no_grad():
         model.eval().generate(**inputs, streamer=streamer, **args.generation_kwargs())
+
+
+def model_inputs(tokenizer, args: GenerateArguments, device) -> dict:
+    """The prompt's token ids: the text as it is, or (`--chat`) the conversation through the tokenizer's chat template
+    with the assistant's turn opened (the template writes the special tokens, so none are added again).
+
+    Raises:
+        ValueError: `--chat` and a tokenizer without a chat template.
+    """
+    if not args.chat:
+        return tokenizer(args.prompt, return_tensors="pt").to(device)
+    if tokenizer.chat_template is None:
+        raise ValueError(
+            "--chat: this model's tokenizer has no chat template: drop --chat to continue the text, or fine-tune the "
+            "model on conversations first (minirope-finetune with {messages} rows adds a template)."
+        )
+    text = tokenizer.apply_chat_template(args.messages(), tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False, return_tensors="pt").to(device)
 
 
 def main() -> None:

@@ -23,7 +23,8 @@ from transformers import set_seed
 
 from minirope.commands import run_cli
 from minirope.folders import ModelArguments, check_output, load_causal_lm
-from minirope.training.hub import check_push
+from minirope.training.checkpoints import check_resume, resolve_resume
+from minirope.training.hub import card_name, check_push
 from minirope.training.output import check_previous_run, finish_run, model_card, remove_old_checkpoints
 from minirope.training.precision import avoid_cudnn_attention
 from minirope.training.throughput import training_flops_per_token
@@ -45,6 +46,7 @@ class Setup:
     data: object
     corpus: object
     warm: object = None
+    resume: str | None = None
 
 
 def prepare(args, config) -> Setup:
@@ -55,15 +57,19 @@ def prepare(args, config) -> Setup:
         ValueError, OSError: naming the flag, the folder or the file.
     """
     from minirope.training.posttraining.arguments import VERSE_REJECTED_BY, verse_rewards
-    from minirope.training.posttraining.corpus import corpus_of
+    from minirope.training.posttraining.corpus import check_corpus_term, corpus_of
     from minirope.training.posttraining.data import check_chat_template, load_task_data
     from minirope.training.posttraining.rewards import resolve_reward
     from minirope.training.posttraining.warm_start import demonstrations
 
     check_push(config)
+    resume = resolve_resume(config)
     teacher_path = getattr(config, "teacher_model_name_or_path", None)
     if args.method == "distill" and not teacher_path:
         raise ValueError("--method distill needs --teacher_model_name_or_path: the folder of the teacher.")
+    if args.method == "distill" and (args.sft_train_file or args.sft_steps):
+        raise ValueError("--method distill takes no warm start (--sft_train_file, --sft_steps): the teacher is its "
+                         "demonstrations; fine-tune with minirope-finetune first, or drop the flag.")  # fmt: skip
     inputs = {"--model_name_or_path": args.model_name_or_path, "--teacher_model_name_or_path": teacher_path}
     check_output(config.output_dir, "--output_dir", inputs)
     data = load_task_data(args, config.seed)
@@ -85,20 +91,23 @@ def prepare(args, config) -> Setup:
         raise ValueError(f"--reward_weights: {len(weights)} given for {len(rewards)} rewards ({', '.join(names)}): "
                          f"give one weight per reward.")  # fmt: skip
     corpus = corpus_of(args)
+    check_corpus_term(corpus, config)
     warm = demonstrations(args, data.verse) if args.warm_start_steps else None
     model, tokenizer = load_causal_lm(ModelArguments(args.model_name_or_path, config.trust_remote_code, args.revision))
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     check_chat_template(data, tokenizer)
-    check_previous_run(config.output_dir, model.config, overwrite=args.overwrite_output_dir, resuming=False)
+    check_previous_run(config.output_dir, model.config, overwrite=args.overwrite_output_dir, resuming=bool(resume))
+    check_resume(resume, model.config, config.max_steps)
     teacher = None
     if teacher_path:
         teacher, teacher_tokenizer = load_causal_lm(ModelArguments(teacher_path, config.trust_remote_code))
         check_teacher(tokenizer, teacher_tokenizer)
     weight = f", weight {corpus.coef}" if corpus.shards else ""
     weight += f" (warm start {corpus.warm_coef})" if corpus.shards and warm else ""
-    print(f"[minirope] data: {'the verse task, ' if data.verse else ''}{data.source}; {len(data.held_out)} held-out "
-          f"prompts measured; corpus term: {corpus.source}{weight}")  # fmt: skip
-    return Setup(model, tokenizer, teacher, rewards, data, corpus, warm)
+    rows = f"{len(data.train)} training rows, " if data.train is not None else ""
+    print(f"[minirope] data: {'the verse task, ' if data.verse else ''}{data.source}; {rows}{len(data.held_out)} "
+          f"held-out prompts measured; corpus term: {corpus.source}{weight}")  # fmt: skip
+    return Setup(model, tokenizer, teacher, rewards, data, corpus, warm, resume)
 
 
 def check_teacher(student_tokenizer, teacher_tokenizer) -> None:
@@ -158,6 +167,7 @@ def run(argv: list[str] | None = None) -> dict:
     probe = sample(setup.model, setup.tokenizer, setup.data.held_out.select(range(1)), 2, 16, config.seed, SAMPLING)
     check_rewards(setup.rewards, probe.rows, probe.completions, probe.completion_ids)
     before = measure(setup, args, config)
+    keep = keep_best(setup, args, config, before)
     warm_folder = None
     if setup.warm:
         from minirope.training.posttraining.warm_start import warm_start
@@ -185,12 +195,32 @@ def run(argv: list[str] | None = None) -> dict:
     if warm_folder:
         warm_folder.cleanup()  # the trainer has read its reference model from it
     add_corpus(trainer, setup.corpus, setup.corpus.coef, args, config.seed)
-    remove_old_checkpoints(config.output_dir)
-    train_metrics = trainer.train().metrics
+    trainer.add_callback(keep)
+    if setup.resume is None:
+        remove_old_checkpoints(config.output_dir)
+    train_metrics = trainer.train(resume_from_checkpoint=setup.resume).metrics
+    selection = keep.restore_best(trainer.model)
     interpolate_weights(trainer.model, start_weights, args.weight_interpolation)
     setup.model = trainer.model
     after = measure(setup, args, config)
-    return report(trainer, setup, args, before, after, train_metrics)
+    return report(trainer, setup, args, before, after, train_metrics, selection)
+
+
+def keep_best(setup: Setup, args, config, before):
+    """The `KeepBest` callback of the run: the held-out score of the rewards (weighted by `--reward_weights`), greedy,
+    every `--eval_steps`; the starting model's score taken from the `before` measures (the same completions)."""
+    from minirope.training.posttraining.keep_best import KeepBest, held_out_score, weighted_sum
+
+    weights = getattr(config, "reward_weights", None)
+    held_out, tokens = setup.data.held_out, args.eval_max_new_tokens
+    keep = KeepBest(
+        lambda model: held_out_score(model, setup.tokenizer, held_out, setup.rewards, weights, tokens, config.seed),
+        config.eval_steps,
+        keep_last=args.keep_last,
+    )
+    keep.start(setup.model, weighted_sum(before.greedy, weights))
+    keep.resume(setup.resume)
+    return keep
 
 
 def measure(setup: Setup, args, config):
@@ -217,11 +247,15 @@ def teacher_flops(trainer) -> float:
     return trainer.state.num_input_tokens_seen * training_flops_per_token(teacher, length) / 3
 
 
-def report(trainer, setup: Setup, args, before, after, train_metrics: dict) -> dict:
+def report(trainer, setup: Setup, args, before, after, train_metrics: dict, selection) -> dict:
     """Write the folder (model, tokenizer, card, metrics, summary, samples) and print the before -> after line."""
+    from minirope.training.posttraining.keep_best import score_name
+    from minirope.training.posttraining.rewards import reward_name
+
     config, warm = trainer.args, setup.warm
     steps, base = trainer.state.global_step, args.model_name_or_path
-    from minirope.training.posttraining.rewards import reward_name
+    gained = selection.line(score_name([reward_name(reward) for reward in setup.rewards],
+                                       getattr(config, "reward_weights", None)))  # fmt: skip
 
     summary = {
         "base_model": base,
@@ -255,6 +289,8 @@ def report(trainer, setup: Setup, args, before, after, train_metrics: dict) -> d
         "teacher_model_flops": teacher_flops(trainer) if args.method == "distill" else 0,
         "before": before.as_dict(),
         "after": after.as_dict(),
+        "kept": selection.as_dict(),
+        "gained": gained,
         "samples": [{"before": b, "after": a} for b, a in zip(before.samples, after.samples, strict=True)],
     }
     what = {"grpo": f"TRL's GRPOTrainer with {', '.join(summary['reward_funcs'])}", "dpo": "TRL's DPOTrainer",
@@ -270,17 +306,18 @@ def report(trainer, setup: Setup, args, before, after, train_metrics: dict) -> d
         f"Post-trained from `{base}` with `minirope-posttrain` ({what}){warmed} on {summary['data']}: {steps} steps, "
         f"lr {config.learning_rate}, corpus term: {setup.corpus.source} (weight {summary['corpus_term']['lm_coef']}), "
         f"weight interpolation {args.weight_interpolation}. Measured on {after.prompts} held-out prompts, before: "
-        f"{before.line()}; after: {after.line()}."
+        f"{before.line()}; after: {after.line()}. Held-out score measured every --eval_steps ({config.eval_steps}): "
+        f"{gained}."
     )
     eval_metrics = {f"before_{METRIC}": before.bits_per_byte, METRIC: after.bits_per_byte}
     eval_metrics = {key: value for key, value in eval_metrics.items() if value is not None}
     methods = (METHOD_TAGS[args.method], "trl", *(["sft"] if warm else []))
-    card = model_card(Path(config.output_dir).name, trainer.model.config, eval_metrics, setup.data.source, how_trained,
+    card = model_card(card_name(config), trainer.model.config, eval_metrics, setup.data.source, how_trained,
                       base_model=base, methods=methods)  # fmt: skip
     seconds = summary["train_seconds"]
     line = f"{before.line()} -> {after.line()} in {steps} steps, {seconds:.0f} s; written to {config.output_dir}/"
     finish_run(trainer, train_metrics=train_metrics, eval_metrics=eval_metrics, card=card, summary=summary,
-               lines=[line])  # fmt: skip
+               lines=[line, gained])  # fmt: skip
     return summary
 
 

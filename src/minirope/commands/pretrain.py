@@ -38,6 +38,7 @@ from minirope.training.data import (
     tokenize_and_block,
     validation_windows,
 )
+from minirope.training.hub import card_name
 from minirope.training.output import (
     check_not_foreign,
     check_previous_run,
@@ -387,7 +388,7 @@ def report(trainer, data_args, start, measures: Measures) -> None:
         f"{optimizer_description(args)}, bf16 {args.bf16}, {n_params / 1e6:.2f}M parameters, "
         f"{summary['wall_seconds']:.0f} s wall time."
     )
-    card = model_card(start.output_dir.name, config, eval_metrics, data_description(data_args), how_trained)
+    card = model_card(card_name(trainer.args), config, eval_metrics, data_description(data_args), how_trained)
     lines = [
         f"{steps} steps in {summary['wall_seconds']:.0f} s; validation: {summary['validation_nats_per_token']:.4f} "
         f"nats/token, perplexity {summary['validation_perplexity']:.2f}, "

@@ -11,6 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
+from accelerate import PartialState
 from huggingface_hub import HfApi, constants, get_token, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
 from transformers import TrainingArguments
@@ -20,23 +21,53 @@ HUB_CHECKPOINT = "last-checkpoint"  # where the Trainer pushes each checkpoint w
 
 def hub_repo(args: TrainingArguments) -> str:
     """The repository a run pushes to, as `Trainer.init_hf_repo` names it: `--hub_model_id`, else the output
-    folder's name (in the token's namespace)."""
+    folder's name (in the token's namespace). After `check_push`, the full `namespace/name` id."""
     return args.hub_model_id or Path(args.output_dir).absolute().name
 
 
+def card_name(args: TrainingArguments) -> str:
+    """The name a model card loads the model by: the Hub repository's full id when the run pushes (`check_push` set
+    it), else the output folder's name."""
+    return args.hub_model_id if args.push_to_hub and args.hub_model_id else Path(args.output_dir).name
+
+
 def check_push(args: TrainingArguments) -> None:
-    """With `--push_to_hub`, `check_write_access` for the run's repository (nothing is created or uploaded here).
+    """With `--push_to_hub`, `check_write_access` for the run's repository (nothing is created or uploaded here), and
+    `--hub_model_id` set to its full id (`namespace/name`): the one name the card, the resume and the push use.
 
     Raises:
         ValueError: see `check_write_access`.
     """
     if args.push_to_hub:
-        check_write_access(hub_repo(args), args.hub_token, "--push_to_hub")
+        args.hub_model_id = check_write_access(hub_repo(args), args.hub_token, "--push_to_hub")
 
 
-def check_write_access(repo: str, token: str | None, flag: str) -> None:
+def role(who: dict) -> str | None:
+    """The token's role in `whoami`'s answer: `read`, `write` or `fineGrained`."""
+    return who.get("auth", {}).get("accessToken", {}).get("role")
+
+
+def writable(who: dict) -> tuple[set[str], set[str]]:
+    """The namespaces (users, organizations) and the single repositories a token may write to, from `whoami`'s answer:
+    a write token, the user and the organizations where the user's role is not read; a fine-grained token, the
+    entities its scoped permissions give `repo.write`; a read token, none."""
+    token = who.get("auth", {}).get("accessToken", {})
+    if role(who) == "read":
+        return set(), set()
+    if role(who) != "fineGrained":
+        return {who["name"]} | {org["name"] for org in who.get("orgs", []) if org.get("roleInOrg") != "read"}, set()
+    namespaces, repos = set(), set()
+    for scope in token.get("fineGrained", {}).get("scoped", []):
+        if "repo.write" in scope.get("permissions", []):
+            entity = scope.get("entity", {})
+            (namespaces if entity.get("type") in ("user", "org") else repos).add(entity.get("name"))
+    return namespaces, repos
+
+
+def check_write_access(repo: str, token: str | None, flag: str) -> str:
     """A token (`token`, else `huggingface_hub`'s: HF_TOKEN or `hf auth login`), a Hub that answers and accepts it,
-    a token that may write, and a namespace (user or organization) it may write to, for pushing to `repo`.
+    a token that may write, and a namespace (user or organization) or repository it may write to, for pushing to
+    `repo`. Returns the repository's full id (`namespace/name`; a bare name is in the token's user's namespace).
 
     Raises:
         ValueError: naming what is missing or refused, the Hub's address and the fix (`flag` names the option).
@@ -60,24 +91,28 @@ def check_write_access(repo: str, token: str | None, flag: str) -> None:
             f"{flag}: the Hub at {constants.ENDPOINT} cannot be reached ({type(error).__name__}: {error}): check "
             f"the network (or HF_ENDPOINT), or run without {flag} and upload later with `hf upload {repo} <folder>`."
         ) from None
-    if who.get("auth", {}).get("accessToken", {}).get("role") == "read":
+    namespaces, repos = writable(who)
+    if not namespaces and not repos:
+        kind = "is read-only" if role(who) == "read" else "(fine-grained) may write to no repository"
         raise ValueError(
-            f"{flag}: the token of {who['name']} is read-only: create one with write access "
+            f"{flag}: the token of {who['name']} {kind}: create one with write access "
             f"(huggingface.co/settings/tokens) and log in with it."
         )
-    namespace = repo.split("/")[0] if "/" in repo else who["name"]
-    writable = {who["name"]} | {org["name"] for org in who.get("orgs", []) if org.get("roleInOrg") != "read"}
-    if namespace not in writable:
+    repo_id = repo if "/" in repo else f"{who['name']}/{repo}"
+    if repo_id.split("/")[0] not in namespaces and repo_id not in repos:
+        where = [f"{name}/" for name in sorted(namespaces)] + sorted(repos)
         raise ValueError(
-            f"{flag}: {who['name']} cannot write to {namespace}/ ({repo}): push under "
-            f"{' or '.join(sorted(writable))}/, e.g. {who['name']}/{repo.split('/')[-1]}."
+            f"{flag}: the token of {who['name']} cannot write to {repo_id}: push to {' or '.join(where)}, or use a "
+            f"token with write access to {repo_id.split('/')[0]}/."
         )
+    return repo_id
 
 
 def hub_checkpoint(args: TrainingArguments) -> str | None:
     """The Hub's `last-checkpoint/` of the repository this run pushes to, downloaded into `<output_dir>/checkpoint-N`
     (N: its step), for `--resume_from_checkpoint last` on a machine that has no checkpoint of the run. None when the
     run does not push checkpoints (`--push_to_hub` with `--hub_strategy checkpoint`) or the repository has none.
+    With several processes the main one downloads, the others wait and take the folder it wrote.
 
     Raises:
         ValueError: the Hub cannot be reached or refuses (naming the repository).
@@ -85,10 +120,24 @@ def hub_checkpoint(args: TrainingArguments) -> str | None:
     strategy = getattr(args.hub_strategy, "value", args.hub_strategy)
     if not args.push_to_hub or strategy != "checkpoint":
         return None
-    repo, token = hub_repo(args), args.hub_token or get_token()
+    state = PartialState()
+    target = download_checkpoint(args) if state.is_main_process else None
+    state.wait_for_everyone()
+    if not state.is_main_process:
+        steps = [path for path in Path(args.output_dir).glob("checkpoint-*") if path.name.split("-")[-1].isdigit()]
+        target = str(max(steps, key=lambda path: int(path.name.split("-")[-1]))) if steps else None
+    return target
+
+
+def download_checkpoint(args: TrainingArguments) -> str | None:
+    """`hub_checkpoint`'s download, on one process.
+
+    Raises:
+        ValueError: the Hub cannot be reached or refuses (naming the repository).
+    """
+    repo, token = hub_repo(args), args.hub_token or get_token()  # the full id: check_push ran first
     api = HfApi()
     try:
-        repo = api.whoami(token=token)["name"] + "/" + repo if "/" not in repo else repo
         if not api.file_exists(repo, f"{HUB_CHECKPOINT}/trainer_state.json", revision=args.hub_revision, token=token):
             return None
         download = Path(args.output_dir) / ".hub-checkpoint"

@@ -139,7 +139,7 @@ def model_card(
     name: str,
     config: PreTrainedConfig,
     metrics: dict,
-    dataset: str,
+    dataset: str | None,
     how_trained: str,
     *,
     base_model: str | None = None,
@@ -150,7 +150,8 @@ def model_card(
 
     `base_model` (the model the run started from) goes into the metadata, with the Hub's `base_model_relation`
     (`adapter` for an adapter, else `finetune`), when it is a Hub id: a local folder means nothing on the Hub, and
-    the training text names it. `methods` are tags for how it was trained (`lora`, `dpo`, ...).
+    the training text names it. `methods` are tags for how it was trained (`lora`, `dpo`, ...). `dataset` None (a
+    model not trained by this run, e.g. imported): no dataset and no evaluation section.
     """
     on_hub = base_model is not None and not looks_local(base_model)
     results = [
@@ -176,7 +177,7 @@ def model_card(
         pipeline_tag="text-generation",
         license="mit",
         tags=["minirope", "rope", "llama", "causal-lm", "text-generation", *methods],
-        datasets=[dataset],
+        datasets=[dataset] if dataset else None,
         base_model=base_model if on_hub else None,
         base_model_relation=("adapter" if adapter else "finetune") if on_hub else None,
         eval_results=results,
@@ -194,6 +195,20 @@ def model_card(
             f'model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)'
         )
     )
+    evaluation = (
+        f"""## Evaluation (validation split of {dataset})
+
+| metric | value |
+|---|---|
+{rows}
+
+Bits per byte: each validation document tokenized whole (as `tokenizer(text)` does), every token
+predicted once in windows of the model's context; summed loss in nats / ln 2 / the document's UTF-8
+bytes (independent of the tokenizer). lm-evaluation-harness's `loglikelihood_rolling` computes the same.
+"""
+        if dataset
+        else ""
+    )
     body = f"""
 # {name}
 
@@ -205,16 +220,7 @@ Embedding (RoFormer), `rope_parameters` = `{config.rope_parameters}`.
 
 {how_trained}
 
-## Evaluation (validation split of {dataset})
-
-| metric | value |
-|---|---|
-{rows}
-
-Bits per byte: each validation document tokenized whole (as `tokenizer(text)` does), every token
-predicted once in windows of the model's context; summed loss in nats / ln 2 / the document's UTF-8
-bytes (independent of the tokenizer). lm-evaluation-harness's `loglikelihood_rolling` computes the same.
-
+{evaluation}
 ## Use
 
 ```python
@@ -284,7 +290,36 @@ def finish_run(
         card.save(staging / "README.md")
         write_json(staging / "run_summary.json", summary)
         publish(staging, output_dir)
-    if trainer.args.push_to_hub:
-        trainer.push_to_hub(commit_message="minirope: end of training")
+    if trainer.args.push_to_hub and trainer.is_world_process_zero():
+        push_folder(trainer.args, output_dir)
     if trainer.is_world_process_zero():
         print("\n" + "\n".join(f"[minirope] {line}" for line in lines))
+
+
+PUSH_MESSAGE = "minirope: end of training"
+NOT_PUSHED = ["_*", "checkpoint-*", ".staging", ".hub-checkpoint"]  # as the Trainer's push skips, and the scratch
+
+
+def push_folder(args: TrainingArguments, output_dir: Path) -> None:
+    """Upload the published `output_dir` to `--hub_model_id` (the full id `check_push` set) in one commit, as it is
+    on disk: nothing is saved again (the Trainer's own `push_to_hub` would first re-save the model over the published
+    folder).
+
+    Raises:
+        OSError: the push failed; the message says the files are saved and gives the command to upload them.
+    """
+    from huggingface_hub import HfApi
+
+    repo = args.hub_model_id
+    try:
+        api = HfApi(token=args.hub_token)
+        api.create_repo(repo, private=args.hub_private_repo, exist_ok=True)
+        ignore = [*NOT_PUSHED, *(f"{pattern}/**" for pattern in NOT_PUSHED)]
+        api.upload_folder(repo_id=repo, folder_path=output_dir, commit_message=PUSH_MESSAGE,
+                          revision=args.hub_revision, ignore_patterns=ignore)  # fmt: skip
+    except Exception as error:  # HTTP and transport errors alike: the folder is safe, say how to upload it
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise OSError(
+            f"the push to {repo} failed ({type(error).__name__}: {reason}); the model is saved in {output_dir}/: "
+            f"upload it with `hf upload {repo} {output_dir} --exclude 'checkpoint-*/*'`."
+        ) from None

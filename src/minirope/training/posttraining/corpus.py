@@ -15,6 +15,7 @@ data loader prepared by the trainer's accelerator (each process its share); `lm_
 """
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,6 +103,23 @@ def corpus_of(args: PosttrainArguments) -> Corpus:
     return Corpus(None, 0.0, 0.0, source, validation, base)
 
 
+def check_corpus_term(corpus: Corpus, config) -> None:
+    """The corpus term is a second backward pass after TRL's step, which DeepSpeed's engine does not take (it owns
+    the backward and the step).
+
+    Raises:
+        ValueError: a corpus term (`--lm_coef`, `--sft_lm_coef`) in a DeepSpeed run (`--deepspeed`, or accelerate's
+            DeepSpeed plugin).
+    """
+    deepspeed = bool(config.deepspeed) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    if deepspeed and corpus.shards is not None and (corpus.coef or corpus.warm_coef):
+        raise ValueError(
+            f"the corpus term (--lm_coef {corpus.coef}, --sft_lm_coef {corpus.warm_coef}) is a second backward pass "
+            f"after TRL's step, which DeepSpeed does not take: pass --lm_coef 0 --sft_lm_coef 0 under DeepSpeed, or "
+            f"train without it."
+        )
+
+
 class CorpusTerm:
     """A TRL trainer mixin: after the host's `training_step`, a backward pass of `lm_coef` times the mean
     language-modelling loss of a batch of corpus blocks, divided by the step's gradient-accumulation count."""
@@ -128,7 +146,8 @@ class CorpusTerm:
         with self.compute_loss_context_manager():
             lm_loss = model(input_ids=batch, labels=batch).loss
         self.accelerator.backward(self.lm_coef * lm_loss / self.current_gradient_accumulation_steps)
-        self._metrics["train"]["lm_loss"].append(self.accelerator.gather_for_metrics(lm_loss.detach()).mean().item())
+        # every process's loss (gather_for_metrics would drop some as the last batch of an evaluation)
+        self._metrics["train"]["lm_loss"].append(self.accelerator.gather(lm_loss.detach()).mean().item())
         return loss
 
 

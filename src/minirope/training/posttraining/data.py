@@ -31,6 +31,7 @@ from minirope.training.sources import dataset_not_found
 PAIR_COLUMNS = ("chosen", "rejected")
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 VERSE_EVAL_PROMPTS = 16
+DEFAULT_TEST_SPLIT = PosttrainArguments.__dataclass_fields__["dataset_test_split"].default  # absent: a share held out
 
 
 @dataclass
@@ -78,6 +79,9 @@ def load_task_data(args: PosttrainArguments, seed: int) -> TaskData:
         return TaskData(train, held_out, None, source, verse=False)
     prompts = first_rows(train, args.prompt_limit)
     if args.method == "dpo":
+        if len(prompts) < len(train):
+            print(f"[minirope] dpo's own pairs: the first {len(prompts)} of {len(train)} training prompts are sampled "
+                  f"(--num_prompts)")  # fmt: skip
         return TaskData(None, held_out, prompts, source, verse=False)
     return TaskData(prompts, held_out, None, source, verse=False)
 
@@ -113,8 +117,14 @@ def load_splits(args: PosttrainArguments) -> tuple[dict[str, Dataset], str]:
             f"--dataset_train_split."
         )
     splits = {"train": dataset[args.dataset_train_split]}
-    if args.dataset_test_split in dataset and args.dataset_test_split != args.dataset_train_split:
-        splits["test"] = dataset[args.dataset_test_split]
+    test = args.dataset_test_split
+    if test not in dataset and test != DEFAULT_TEST_SPLIT:
+        raise ValueError(
+            f"--dataset_name {name} has no split {test!r} (splits: {', '.join(dataset)}): pass one of them as "
+            f"--dataset_test_split, or leave it out to hold out --validation_split_percentage of the training rows."
+        )
+    if test in dataset and test != args.dataset_train_split:
+        splits["test"] = dataset[test]
     return splits, name
 
 

@@ -96,11 +96,14 @@ def sample(
 
 
 def reward_means(rewards: list, samples: Samples) -> dict[str, float | None]:
-    """Each reward's mean over `samples`, `None` values (TRL's "does not apply") left out; None if all are."""
-    means, rows = {}, samples.rows
+    """Each reward's mean over `samples`, `None` values (TRL's "does not apply") left out; None if all are. Each
+    reward is called on one prompt's completions at a time (`Samples.group`), as GRPO calls it on a group and the
+    pairs rank one: a reward that scores a completion against the others it is called with (word variety) reads the
+    same scale here as in training, whatever the number of prompts measured."""
+    means = {}
     for reward in rewards:
-        values = [value for value in call_reward(reward, rows, samples.completions, samples.completion_ids)
-                  if value is not None]  # fmt: skip
+        values = [value for index in range(len(samples.prompt_rows))
+                  for value in call_reward(reward, *samples.group(index)) if value is not None]  # fmt: skip
         means[reward_name(reward)] = sum(values) / len(values) if values else None
     return means
 

@@ -1,0 +1,147 @@
+"""`minirope-import`: a released Llama-architecture checkpoint as a minirope folder (the inverse of `minirope-export`).
+
+    minirope-import HuggingFaceTB/SmolLM2-135M-Instruct --output_dir smol            # a Hub id (--revision)
+    minirope-import path/to/llama-folder --output_dir my-llama --dtype bfloat16     # a transformers folder
+    minirope-import SmolLM2-135M-Instruct.Q4_1.gguf --output_dir smol               # a GGUF file (llama.cpp's)
+
+The source is read by transformers itself: `LlamaForCausalLM.from_pretrained(source)` (a GGUF with `gguf_file=`, its
+quantized tensors dequantized by transformers' GGUF loader) and `AutoTokenizer.from_pretrained` (the chat template
+included); `minirope.convert.from_llama` copies the weights into `MiniRopeForCausalLM` under the same names, so the
+logits are Llama's. The folder holds safetensors weights (`--dtype`), the config with minirope's remote code, the
+tokenizer, the generation config and a model card naming the source (`base_model` for a Hub id). It is written beside
+its final place and moved there complete; what minirope cannot represent is refused before anything is written.
+"""
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, LlamaForCausalLM
+
+from minirope.commands import run_cli
+from minirope.folders import check_output, first_line, looks_local
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ImportArguments:
+    source: str = field(
+        metadata={"help": "A Llama-architecture checkpoint: a transformers folder, a Hub id, or a .gguf file."}
+    )
+    output_dir: str = field(metadata={"help": "The minirope folder to write."})
+    revision: str = field(default="main", metadata={"help": "With a Hub id: the branch, tag or commit to read."})
+    dtype: str = field(
+        default="float32",
+        metadata={"help": f"The weights' dtype in the folder: {', '.join(DTYPES)} (a GGUF is dequantized to it)."},
+    )
+    overwrite: bool = field(default=False, metadata={"help": "Replace an existing --output_dir."})
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype {self.dtype!r} is not one of {', '.join(DTYPES)}.")
+
+    @property
+    def gguf(self) -> bool:
+        return self.source.endswith(".gguf")
+
+    def from_pretrained_kwargs(self) -> dict:
+        """Where transformers reads the source: the GGUF's folder and `gguf_file`, or the folder / Hub id."""
+        if self.gguf:
+            path = Path(self.source)
+            return {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name}
+        return {"pretrained_model_name_or_path": self.source, "revision": self.revision}
+
+
+def parse_args(argv: list[str] | None) -> ImportArguments:
+    """`minirope-import SOURCE --output_dir DIR ...`: SOURCE may come first, without its flag."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-"):
+        argv = ["--source", *argv]
+    (args,) = HfArgumentParser(ImportArguments).parse_args_into_dataclasses(args=argv)
+    return args
+
+
+def check_source(args: ImportArguments):
+    """The source's config, read by transformers, when minirope represents it exactly.
+
+    Raises:
+        ValueError: a missing file or folder, a source transformers cannot read, another architecture, or
+            `pretraining_tp` > 1.
+    """
+    if (args.gguf or looks_local(args.source)) and not Path(args.source).exists():
+        raise ValueError(f"{args.source} does not exist: give a Llama folder, a Hub id or a .gguf file.")
+    try:
+        config = AutoConfig.from_pretrained(**args.from_pretrained_kwargs())
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise ValueError(f"cannot read a model config from {args.source}: {first_line(error)}") from None
+    if config.model_type != "llama":
+        architectures = ", ".join(config.architectures or []) or "no architecture named"
+        raise ValueError(
+            f"{args.source} is a {config.model_type} model ({architectures}): minirope-import reads Llama-architecture "
+            f"checkpoints (LlamaForCausalLM: Llama 2/3, SmolLM, TinyLlama, ...), which minirope represents exactly."
+        )
+    if getattr(config, "pretraining_tp", 1) not in (None, 1):
+        raise ValueError(
+            f"{args.source} sets pretraining_tp {config.pretraining_tp}: minirope computes its products whole; set it "
+            f"to 1 in the config (the same function) and import again."
+        )
+    return config
+
+
+def card(args: ImportArguments, model, output: Path):
+    """The folder's model card: what it was imported from, `base_model` when that is a Hub id."""
+    from minirope.training.output import model_card
+
+    source = Path(args.source).name if args.gguf or looks_local(args.source) else args.source
+    how = (
+        f"Imported from `{source}`{'' if args.revision == 'main' or args.gguf else f' at {args.revision}'} with "
+        f"`minirope-import`: transformers' `LlamaForCausalLM` load of it, copied into `MiniRopeForCausalLM` under the "
+        f"same parameter names (the same logits), saved as {args.dtype}"
+        + (", its quantized tensors dequantized by transformers' GGUF loader." if args.gguf else ".")
+    )
+    result = model_card(output.name, model.config, {}, None, how, base_model=source, methods=("imported",))
+    result.data.base_model_relation = None  # the same weights: neither a fine-tune nor an adapter
+    return result
+
+
+def run(argv: list[str] | None = None) -> Path:
+    """Parse `argv`, read the source with transformers, write the minirope folder; returns its path.
+
+    Raises:
+        ValueError: bad flags or a source minirope cannot represent (`check_source`); nothing is written.
+        FileExistsError: `--output_dir` exists and `--overwrite` is not set.
+    """
+    from minirope.convert import from_llama
+    from minirope.export import staged
+
+    args = parse_args(argv)
+    output = Path(args.output_dir)
+    source = args.source if args.gguf or looks_local(args.source) else None
+    check_output(output, "--output_dir", {"source": source})
+    if output.exists() and not args.overwrite:
+        raise FileExistsError(f"--output_dir {output} exists: choose another, or pass --overwrite True.")
+    check_source(args)
+    kwargs = args.from_pretrained_kwargs()
+    llama = LlamaForCausalLM.from_pretrained(**kwargs, dtype=DTYPES[args.dtype])
+    tokenizer = AutoTokenizer.from_pretrained(**kwargs)
+    model = from_llama(llama)
+    del llama
+    with staged(output, args.overwrite) as folder:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        card(args, model, output).save(folder / "README.md")
+    parameters = sum(param.numel() for param in model.parameters())
+    template = "with its chat template" if tokenizer.chat_template else "no chat template"
+    print(f"[minirope] {args.source} -> {output}/: {parameters / 1e6:.1f}M parameters ({args.dtype}), "
+          f"{len(tokenizer)} tokens ({template}); load it with AutoModelForCausalLM.from_pretrained")  # fmt: skip
+    return output
+
+
+def main() -> None:
+    run_cli("minirope-import", run)
+
+
+if __name__ == "__main__":
+    main()

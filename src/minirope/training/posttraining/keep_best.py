@@ -1,0 +1,171 @@
+"""Never silently worse: the held-out reward measured during training, and the best weights kept.
+
+Every `--eval_steps` (a number of steps, or below 1 a share of the run, as `TrainingArguments` reads it) and at the
+last step, `KeepBest` (a `TrainerCallback`, so the loop stays TRL's) scores the model on the held-out prompts: one
+greedy completion per prompt, each reward called as TRL calls it, their means weighted by `--reward_weights` and
+summed (for a task with one right answer and one reward: the held-out exact-match accuracy). The starting model is
+scored first (step 0). After training, `restore_best` puts the best-scoring weights back (the trainable ones: the
+adapter's with LoRA), so the folder written is never below the model the run started from on that score, unless
+`--keep_last` is given; and `Selection.line` says in one line which step was kept, and when no step beat the start,
+that nothing was gained and what to change. The same selection for GRPO, DPO and distillation, as the Trainer's
+`load_best_model_at_end` would make it, without writing a checkpoint per measure.
+"""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+from transformers import TrainerCallback
+
+from minirope.training.posttraining.measures import GREEDY, reward_means, sample
+
+
+def held_out_score(model, tokenizer, held_out: Dataset, rewards: list, weights: list[float] | None, tokens: int,
+                   seed: int) -> float:  # fmt: skip
+    """The weighted sum of each reward's mean over one greedy completion (at most `tokens` new tokens) of each
+    held-out prompt; a reward that applies to none counts 0. `weights`: one per reward, None for 1 each."""
+    training = model.training
+    devices = [model.device.index or 0] if model.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):  # the measure leaves training's random state as it was
+        means = reward_means(rewards, sample(model, tokenizer, held_out, 1, tokens, seed, GREEDY))
+    model.train(training)
+    return weighted_sum(means, weights)
+
+
+def weighted_sum(means: dict[str, float | None], weights: list[float] | None) -> float:
+    """`means` (one per reward, in order) weighted by `weights` (None: 1 each) and summed; None counts 0."""
+    weights = weights if weights is not None else [1.0] * len(means)
+    return sum(weight * (mean or 0.0) for weight, mean in zip(weights, means.values(), strict=True))
+
+
+def score_name(names: list[str], weights: list[float] | None) -> str:
+    """How the score is made, for its lines: `exact`, or `meter_reward + 1.5 x word_variety_reward`; weight-0
+    rewards (measured only) left out."""
+    weights = weights if weights is not None else [1.0] * len(names)
+    terms = [name if weight == 1 else f"{weight:g} x {name}" for name, weight in zip(names, weights, strict=True)
+             if weight != 0]  # fmt: skip
+    return " + ".join(terms) + " (greedy)"
+
+
+@dataclass
+class Selection:
+    """The measured scores (`history`: `{"step", "score"}` in step order, step 0 the starting model) and the step
+    whose weights the folder holds."""
+
+    history: list[dict] = field(default_factory=list)
+    kept_step: int = 0
+    keep_last: bool = False
+
+    @property
+    def start(self) -> float:
+        return self.history[0]["score"]
+
+    @property
+    def best(self) -> dict:
+        """The first measure with the highest score (ties go to the earlier step: no change for nothing)."""
+        return max(self.history, key=lambda entry: (entry["score"], -entry["step"]))
+
+    @property
+    def gained(self) -> bool:
+        return self.score(self.kept_step) > self.start
+
+    def score(self, step: int) -> float:
+        return next(entry["score"] for entry in self.history if entry["step"] == step)
+
+    def line(self, measure: str) -> str:
+        """What the run gained on the held-out score, in one line (`measure` names it)."""
+        last = self.history[-1]
+        kept = self.score(self.kept_step)
+        if self.keep_last and kept < self.start:
+            return (f"held-out {measure} fell from {self.start:.3f} to {kept:.3f} (step {self.kept_step}): kept anyway "
+                    f"(--keep_last); the starting model scored higher")  # fmt: skip
+        if not self.gained:
+            return (
+                f"nothing gained: no step beat the starting model's held-out {measure} ({self.start:.3f}; the last "
+                f"step {last['score']:.3f}), so the folder holds the starting weights; try a lower --learning_rate, "
+                f"more --max_steps, or more --num_generations (with --keep_last the last weights are kept)"
+            )
+        where = "the last step" if self.kept_step == last["step"] else f"step {self.kept_step} of {last['step']}"
+        return f"held-out {measure} {self.start:.3f} -> {kept:.3f}: kept {where}"
+
+    def as_dict(self) -> dict:
+        return {"measured": self.history, "kept_step": self.kept_step, "gained": self.gained,
+                "keep_last": self.keep_last}  # fmt: skip
+
+
+BEST_WEIGHTS, HISTORY = "keep_best.safetensors", "keep_best.json"  # in each checkpoint
+
+
+class KeepBest(TrainerCallback):
+    """Scores the model every `every` steps and at the last one (`held_out_score`), keeping a CPU copy of the
+    trainable weights of the best score so far. `measure(model) -> float` is the score; call `start` before
+    training (step 0), `restore_best` after."""
+
+    def __init__(self, measure, every: float, keep_last: bool = False):
+        self.measure, self.every = measure, every
+        self.selection = Selection(keep_last=keep_last)
+        self.best_weights: dict[str, torch.Tensor] = {}
+
+    def record(self, model, step: int, score: float | None = None) -> None:
+        """Score `model` at `step` (or take `score`, measured already), keeping its weights if it is the best."""
+        score = self.measure(model) if score is None else score
+        self.selection.history.append({"step": step, "score": round(score, 6)})
+        if self.selection.best["step"] == step:
+            self.best_weights = {name: param.detach().to("cpu", copy=True) for name, param in
+                                 model.named_parameters() if param.requires_grad}  # fmt: skip
+        best = self.selection.best
+        tqdm.write(
+            f"[minirope] step {step}: held-out score {score:.3f} (best {best['score']:.3f}, step {best['step']})"
+        )
+
+    def start(self, model, score: float | None = None) -> None:
+        """Step 0: the model the run starts from (`score`: its score, if measured already)."""
+        self.record(model, 0, score)
+
+    def interval(self, max_steps: int) -> int:
+        return max(1, round(self.every * max_steps)) if self.every < 1 else int(self.every)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        step = state.global_step
+        if step % self.interval(state.max_steps) == 0 or step >= state.max_steps:
+            self.record(model, step)
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        if not self.selection.history or self.selection.history[-1]["step"] != state.global_step:
+            self.record(model, state.global_step)  # stopped early (a callback, an epoch's end)
+
+    def on_save(self, args, state, control, **kwargs):
+        """Each checkpoint carries the measures so far and the best weights, so that a resumed run keeps the same
+        model as an uninterrupted one."""
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and folder.is_dir():
+            save_file(self.best_weights, folder / BEST_WEIGHTS)
+            (folder / HISTORY).write_text(json.dumps(self.selection.history))
+
+    def resume(self, checkpoint: str | None) -> None:
+        """Take the measures and best weights a checkpoint carries (a run resumed from it); the starting model's
+        measure stays this run's own."""
+        folder = Path(checkpoint) if checkpoint else None
+        if folder is None or not (folder / HISTORY).is_file():
+            return
+        history = json.loads((folder / HISTORY).read_text())
+        self.selection.history = [*self.selection.history[:1], *[entry for entry in history if entry["step"] > 0]]
+        self.best_weights = load_file(folder / BEST_WEIGHTS)
+
+    @torch.no_grad()
+    def restore_best(self, model) -> Selection:
+        """Put the best weights back into `model` (unless `keep_last`); the selection made."""
+        last = self.selection.history[-1]["step"]
+        if self.selection.keep_last:
+            self.selection.kept_step = last
+            return self.selection
+        self.selection.kept_step = self.selection.best["step"]
+        if self.selection.kept_step != last:
+            parameters = dict(model.named_parameters())
+            for name, value in self.best_weights.items():
+                parameters[name].copy_(value.to(parameters[name].device))
+        return self.selection

