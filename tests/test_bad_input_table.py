@@ -418,7 +418,7 @@ CASES = [
     (
         POSTTRAIN,
         [*DISTILL, "--teacher_model_name_or_path", "{model}", "--sft_train_file", "{w}/train.txt"],
-        "--method distill takes no warm start (--sft_train_file, --sft_steps)",
+        "--sft_train_file is read by a warm start, and --method distill has none here (--sft_steps 0)",
     ),  # fmt: skip
     (
         POSTTRAIN,

@@ -71,6 +71,22 @@ def test_a_source_minirope_cannot_represent_is_one_line_and_nothing_is_written(t
     assert not out.exists()
 
 
+def test_a_gguf_file_imports_with_the_logits_of_transformers_own_gguf_load(tiny_pretrained, tmp_path):
+    """A GGUF as `minirope-export` writes it for llama.cpp (f32 and q8_0): the imported folder's logits are those of
+    `LlamaForCausalLM.from_pretrained(folder, gguf_file=...)`, the quantized tensors dequantized by transformers."""
+    from minirope.export import export_gguf
+
+    ids = torch.randint(3, 200, (2, 16), generator=torch.Generator().manual_seed(0))
+    for outtype in ("f32", "q8_0"):
+        gguf = export_gguf(tiny_pretrained, tmp_path / f"tiny-{outtype}.gguf", outtype)
+        out = import_model.run([str(gguf), "--output_dir", str(tmp_path / outtype)])
+        oracle = LlamaForCausalLM.from_pretrained(tmp_path, gguf_file=gguf.name, dtype=torch.float32)
+        imported = AutoModelForCausalLM.from_pretrained(out)
+        assert (logits(imported, ids) - logits(oracle, ids)).abs().max() <= TOLERANCE, outtype
+        assert len(AutoTokenizer.from_pretrained(out)) == imported.config.vocab_size
+
+
+@pytest.mark.slow  # about a minute on 2 cores: the 135M GGUF dequantized twice (the import and the oracle)
 @pytest.mark.client
 def test_smollm2_gguf_imports_with_transformers_logits_and_chats_as_llama_does(tmp_path):
     """The released SmolLM2-135M-Instruct (Q4_1 GGUF): the imported folder's float32 logits equal transformers' own

@@ -4,8 +4,9 @@
     finetune   fine-tune a folder on text, prompt/completion pairs or a play (full or LoRA)
     extend     stretch a model's context with RoPE scaling and a short fine-tune
     posttrain  GRPO from a reward, DPO from preference pairs, or distillation from a teacher, with TRL's trainers
-    generate   stream text from a folder
+    generate   stream text from a folder (--chat: a message through the chat template, the reply alone)
     export     write a folder as a Llama folder, a GGUF file or an ONNX model
+    import     a released Llama-architecture checkpoint (folder, Hub id, GGUF file) as a minirope folder
 
 Each `run()` reads prepare -> train -> report. Expected failures become one line on stderr and exit status 1
 (`run_cli`); this module imports nothing heavy, so that reporting an error loads no Trainer.

@@ -12,6 +12,7 @@ tokenizer, the generation config and a model card naming the source (`base_model
 its final place and moved there complete; what minirope cannot represent is refused before anything is written.
 """
 
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,28 @@ def check_source(args: ImportArguments):
     return config
 
 
+def drop_tokens_past_vocabulary(folder: Path, vocab_size: int) -> list[str]:
+    """Remove from a saved tokenizer the added tokens whose ids are past the model's `vocab_size` (transformers'
+    GGUF tokenizer conversion adds `<|endoftext|>` to a GPT-2-style vocabulary that lacks it); returns them. A token
+    without an embedding row would make every command refuse the folder, and the model can never predict it."""
+    tokenizer_file, config_file = folder / "tokenizer.json", folder / "tokenizer_config.json"
+    if not tokenizer_file.is_file():
+        return []
+    backend = json.loads(tokenizer_file.read_text())
+    dropped = [token["content"] for token in backend["added_tokens"] if token["id"] >= vocab_size]
+    if dropped:
+        backend["added_tokens"] = [token for token in backend["added_tokens"] if token["id"] < vocab_size]
+        tokenizer_file.write_text(json.dumps(backend, ensure_ascii=False, indent=2))
+        config = json.loads(config_file.read_text())
+        decoder = config.get("added_tokens_decoder", {})
+        config["added_tokens_decoder"] = {key: value for key, value in decoder.items() if int(key) < vocab_size}
+        for key in ("unk_token", "bos_token", "eos_token", "pad_token"):
+            if config.get(key) in dropped:
+                config[key] = None
+        config_file.write_text(json.dumps(config, ensure_ascii=False, indent=2))
+    return dropped
+
+
 def card(args: ImportArguments, model, output: Path):
     """The folder's model card: what it was imported from, `base_model` when that is a Hub id."""
     from minirope.training.output import model_card
@@ -131,7 +154,11 @@ def run(argv: list[str] | None = None) -> Path:
     with staged(output, args.overwrite) as folder:
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
+        dropped = drop_tokens_past_vocabulary(folder, model.config.vocab_size)
         card(args, model, output).save(folder / "README.md")
+    if dropped:
+        print(f"[minirope] left out {', '.join(dropped)}: added by transformers' tokenizer conversion past the "
+              f"model's {model.config.vocab_size} embedding rows, so the model has no weights for them")  # fmt: skip
     parameters = sum(param.numel() for param in model.parameters())
     template = "with its chat template" if tokenizer.chat_template else "no chat template"
     print(f"[minirope] {args.source} -> {output}/: {parameters / 1e6:.1f}M parameters ({args.dtype}), "

@@ -67,9 +67,10 @@ def prepare(args, config) -> Setup:
     teacher_path = getattr(config, "teacher_model_name_or_path", None)
     if args.method == "distill" and not teacher_path:
         raise ValueError("--method distill needs --teacher_model_name_or_path: the folder of the teacher.")
-    if args.method == "distill" and (args.sft_train_file or args.sft_steps):
-        raise ValueError("--method distill takes no warm start (--sft_train_file, --sft_steps): the teacher is its "
-                         "demonstrations; fine-tune with minirope-finetune first, or drop the flag.")  # fmt: skip
+    if args.sft_train_file and not args.warm_start_steps:
+        raise ValueError(f"--sft_train_file is read by a warm start, and --method {args.method} has none here "
+                         f"(--sft_steps {args.warm_start_steps}): give --sft_steps N to warm-start on it, or drop "
+                         f"--sft_train_file.")  # fmt: skip
     inputs = {"--model_name_or_path": args.model_name_or_path, "--teacher_model_name_or_path": teacher_path}
     check_output(config.output_dir, "--output_dir", inputs)
     data = load_task_data(args, config.seed)
@@ -157,6 +158,7 @@ def run(argv: list[str] | None = None) -> dict:
         raise ValueError("minirope-posttrain runs TRL's trainers: install them with `pip install minirope[trl]`.")
     from minirope.training.posttraining.arguments import parse_args
     from minirope.training.posttraining.corpus import TRAINERS, add_corpus, interpolate_weights
+    from minirope.training.posttraining.keep_best import Selection
     from minirope.training.posttraining.measures import SAMPLING, sample
     from minirope.training.posttraining.rewards import check_rewards
 
@@ -195,11 +197,14 @@ def run(argv: list[str] | None = None) -> dict:
     if warm_folder:
         warm_folder.cleanup()  # the trainer has read its reference model from it
     add_corpus(trainer, setup.corpus, setup.corpus.coef, args, config.seed)
-    trainer.add_callback(keep)
+    if keep is not None:
+        trainer.add_callback(keep)
     if setup.resume is None:
         remove_old_checkpoints(config.output_dir)
     train_metrics = trainer.train(resume_from_checkpoint=setup.resume).metrics
-    selection = keep.restore_best(trainer.model)
+    selection = (
+        keep.restore_best(trainer.model) if keep else Selection(kept_step=trainer.state.global_step, keep_last=True)
+    )
     interpolate_weights(trainer.model, start_weights, args.weight_interpolation)
     setup.model = trainer.model
     after = measure(setup, args, config)
@@ -208,9 +213,12 @@ def run(argv: list[str] | None = None) -> dict:
 
 def keep_best(setup: Setup, args, config, before):
     """The `KeepBest` callback of the run: the held-out score of the rewards (weighted by `--reward_weights`), greedy,
-    every `--eval_steps`; the starting model's score taken from the `before` measures (the same completions)."""
+    every `--eval_steps`; the starting model's score taken from the `before` measures (the same completions). None
+    without rewards (DPO on preference pairs, distillation without --reward_funcs): nothing to score by."""
     from minirope.training.posttraining.keep_best import KeepBest, held_out_score, weighted_sum
 
+    if not setup.rewards:
+        return None
     weights = getattr(config, "reward_weights", None)
     held_out, tokens = setup.data.held_out, args.eval_max_new_tokens
     keep = KeepBest(

@@ -70,19 +70,22 @@ class Selection:
         return max(self.history, key=lambda entry: (entry["score"], -entry["step"]))
 
     @property
-    def gained(self) -> bool:
-        return self.score(self.kept_step) > self.start
+    def gained(self) -> bool | None:
+        """Whether the kept weights score above the start; None where nothing was scored (no reward)."""
+        return self.score(self.kept_step) > self.start if self.history else None
 
     def score(self, step: int) -> float:
         return next(entry["score"] for entry in self.history if entry["step"] == step)
 
     def line(self, measure: str) -> str:
         """What the run gained on the held-out score, in one line (`measure` names it)."""
+        if not self.history:
+            return "the held-out prompts are not scored during training (no --reward_funcs): the last weights are kept"
         last = self.history[-1]
         kept = self.score(self.kept_step)
-        if self.keep_last and kept < self.start:
-            return (f"held-out {measure} fell from {self.start:.3f} to {kept:.3f} (step {self.kept_step}): kept anyway "
-                    f"(--keep_last); the starting model scored higher")  # fmt: skip
+        if self.keep_last and kept <= self.start:
+            change = f"fell from {self.start:.3f} to" if kept < self.start else f"stayed at {self.start:.3f}:"
+            return f"held-out {measure} {change} {kept:.3f} at step {self.kept_step}: kept anyway (--keep_last)"
         if not self.gained:
             return (
                 f"nothing gained: no step beat the starting model's held-out {measure} ({self.start:.3f}; the last "
