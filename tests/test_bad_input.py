@@ -150,3 +150,18 @@ def test_real_process_exit_code(tmp_path):
     )  # fmt: skip
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith("minirope-pretrain: error: data file")
+
+
+def test_a_commands_error_is_its_first_line_without_torchaos_startup_noise():
+    """transformers' model import imports torchao, which logs about its own optional kernels and enums on every
+    start: kept out (`minirope.startup_noise`), so a bad input's line is the command's first; `-W default` (asking
+    for warnings) shows them again."""
+    import importlib.util
+
+    command = ["-m", "minirope.commands.posttrain", "--model", "m", "--method", "ppo"]
+    result = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[0].startswith("minirope-posttrain: error: --method 'ppo'"), result.stderr
+    if importlib.util.find_spec("torchao") is not None:
+        shown = subprocess.run([sys.executable, "-W", "default", *command], capture_output=True, text=True, timeout=300)
+        assert "torchao" in shown.stderr.splitlines()[0], shown.stderr

@@ -6,6 +6,9 @@
 marks the classes for `save_pretrained` to write `auto_map` and ship the model files as remote code.
 """
 
+from . import startup_noise  # noqa: F401  (first: importing the model below imports torchao)
+
+# isort: split
 import transformers
 
 from . import modeling_minirope

@@ -12,27 +12,12 @@ Each `run()` reads prepare -> train -> report. Expected failures become one line
 (`run_cli`); this module imports nothing heavy, so that reporting an error loads no Trainer.
 """
 
-import logging
 import sys
 from collections.abc import Callable
 
 from minirope.training.errors import NonFiniteLossError
 
 EXPECTED_ERRORS = (ValueError, OSError, NonFiniteLossError)  # OSError covers FileNotFoundError, IsADirectoryError
-# Loggers that speak when transformers imports torchao at start-up, about torchao itself (its optional CUDA kernels,
-# its enums registered with torch's pytree), never about the user's run.
-STARTUP_NOISE = ("torchao", "torch.utils._pytree")
-
-
-def quiet_startup_noise() -> None:
-    """Keep `STARTUP_NOISE` below errors, so that a command's own lines come first; any `-W`/`PYTHONWARNINGS` option
-    (the user asking for warnings) leaves them as they are."""
-    if not sys.warnoptions:
-        for name in STARTUP_NOISE:
-            logging.getLogger(name).setLevel(logging.ERROR)
-
-
-quiet_startup_noise()  # here, before a command module's own imports reach transformers and torchao
 
 
 def run_cli(program: str, main: Callable[[], object]) -> None:

@@ -17,7 +17,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers import PreTrainedConfig, TrainingArguments
 
 from minirope.configuration_minirope import ARCHITECTURE_FIELDS
-from minirope.folders import looks_local
+from minirope.folders import first_line, looks_local
 
 MARKERS = ("adapter_config.json", "config.json")  # moved last: their presence means "complete"
 # What a minirope run leaves in its folder however early it stopped (the posttrain pairs are written before
@@ -318,7 +318,7 @@ def push_folder(args: TrainingArguments, output_dir: Path) -> None:
         api.upload_folder(repo_id=repo, folder_path=output_dir, commit_message=PUSH_MESSAGE,
                           revision=args.hub_revision, ignore_patterns=ignore)  # fmt: skip
     except Exception as error:  # HTTP and transport errors alike: the folder is safe, say how to upload it
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        reason = first_line(error)
         raise OSError(
             f"the push to {repo} failed ({type(error).__name__}: {reason}); the model is saved in {output_dir}/: "
             f"upload it with `hf upload {repo} {output_dir} --exclude 'checkpoint-*/*'`."

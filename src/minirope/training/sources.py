@@ -5,6 +5,7 @@ from pathlib import Path
 
 from datasets import load_dataset
 
+from minirope.folders import first_line
 from minirope.training.corpus import bundled_shards
 from minirope.training.data import TextDataArguments
 from minirope.training.documents import DatasetStream, Shard, Texts, expand_files
@@ -43,7 +44,7 @@ def data_kind(files: list[str], text_column: str) -> str:
 def dataset_not_found(name: str, error: FileNotFoundError, instead: str) -> FileNotFoundError:
     """The one-line error for a `--dataset_name` that `datasets` finds neither as a folder nor on the Hub: its first
     line of reason, and the flags to give `instead`."""
-    reason = (str(error).strip().splitlines() or ["not found"])[0]
+    reason = first_line(error)
     return FileNotFoundError(
         f"--dataset_name {name}: no such dataset folder, and none on the Hub ({reason}): check the name, or give "
         f"{instead}."

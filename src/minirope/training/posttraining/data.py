@@ -21,6 +21,7 @@ from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from transformers import PreTrainedTokenizerBase
 from trl.data_utils import is_conversational, maybe_extract_prompt
 
+from minirope.folders import first_line
 from minirope.training.corpus import BUNDLED_CORPUS
 from minirope.training.data import first_rows, hold_out
 from minirope.training.documents import expand_files
@@ -157,7 +158,7 @@ def read_files(paths: list[str]) -> Dataset:
     try:
         return load_dataset(builders.pop(), data_files=paths, split="train")
     except Exception as error:  # datasets' reader errors have many types; any is a bad file
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        reason = first_line(error)
         raise ValueError(f"cannot read {', '.join(paths)} as rows: {reason}") from None
 
 
