@@ -34,6 +34,22 @@ REWARDS = '''def exact(completions, solution, **kwargs):
     return [float(text.strip().split("\\n")[0].strip() == str(answer)) for text, answer in zip(texts, solution)]
 '''
 SIZES = {
+    "tiny": [
+        "--hidden_size",
+        "32",
+        "--intermediate_size",
+        "64",
+        "--num_hidden_layers",
+        "1",
+        "--num_attention_heads",
+        "2",
+        "--num_key_value_heads",
+        "1",
+        "--block_size",
+        "64",
+        "--max_steps",
+        "4",
+    ],  # the test's size
     "default": [],  # minirope-pretrain's default architecture
     "large": [
         "--hidden_size",
@@ -141,7 +157,6 @@ def main() -> None:
             "label": args.label,
             "flags": args.flags,
             "seed": args.seed,
-            "parameters": summary.get("parameters"),
             "before": summary["before"]["rewards_greedy"]["exact"],
             "after": summary["after"]["rewards_greedy"]["exact"],
             "kept": summary["kept"]["kept_step"],

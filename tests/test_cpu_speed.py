@@ -191,3 +191,18 @@ def test_the_trainer_moves_training_products_in_float32_eager_cpu_runs_only(cach
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_training_keeps_freed_memory_on_glibc():
     assert reuse_freed_memory()  # glibc accepted both settings (it refuses e.g. a threshold above 32 MiB)
+
+
+def test_the_speed_measures_leave_the_runs_random_state_alone():
+    """The products timed to choose kernels and precision, and the matmul peak, draw their operands from their own
+    generator: a run that measures (the first of a process; later ones read the cache) starts from the random state
+    its seed gave, as a run that does not (two LoRA fine-tunes in one process trained differently before)."""
+    from minirope.training.precision import bf16_speedup
+    from minirope.training.throughput import matmul_peak_flops
+
+    torch.manual_seed(0)
+    state = torch.random.get_rng_state()
+    cpu_products.measure(16, 16, 4, 1)
+    bf16_speedup(torch.device("cpu"))
+    matmul_peak_flops(torch.device("cpu"), torch.float32)
+    assert torch.equal(torch.random.get_rng_state(), state)

@@ -182,6 +182,21 @@ def test_post_training_records_runs_interpolates_and_plots(tmp_path, tiny_pretra
 
 
 @pytest.mark.client
+def test_user_tasks_benchmark_pretrains_on_a_task_and_runs_grpo_with_its_flags(tmp_path):
+    """benchmarks/user_tasks.py at a tiny size: the task's text and `datasets` folder written, a model pretrained on
+    the text, GRPO with the reward module it writes beside them; one row appended with the measures and the machine."""
+    flags = ["--max_steps", "2", "--per_device_train_batch_size", "4", "--num_generations", "2",
+             "--max_completion_length", "8", "--eval_prompts", "4", "--eval_samples_per_prompt", "2",
+             "--eval_max_new_tokens", "8"]  # fmt: skip
+    run_script("benchmarks/user_tasks.py", "--output_dir", tmp_path, "--tasks", "max", "--size", "tiny", "--flags",
+               *flags)  # fmt: skip
+    (row,) = [json.loads(line) for line in (tmp_path / "user_tasks.jsonl").read_text().splitlines()]
+    assert (row["task"], row["size"], row["steps"]) == ("max", "tiny", 2) and 0 <= row["before"] <= 1
+    assert row["cpu"] and row["torch"] and row["trl"] and "held-out" in row["gained"]
+    assert (tmp_path / "max" / "pretrain.txt").read_text().startswith("max ")
+
+
+@pytest.mark.client
 def test_quantization_benchmark_measures_each_form_it_is_given(tmp_path, tiny_pretrained):
     pytest.importorskip("torchao")  # the forms' libraries: torchao, and llama.cpp for GGUF
     pytest.importorskip("llama_cpp")

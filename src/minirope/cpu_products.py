@@ -125,14 +125,15 @@ def measure(in_features: int, out_features: int, rows: int, model_mib: int) -> d
     backward ones (`grad @ W`, `grad.T @ x`), each kernel's own."""
     weight_bytes = 4 * in_features * out_features
     copies = max(1, min(64, model_mib * 2**20 // weight_bytes))
-    weights = [torch.randn(out_features, in_features) for _ in range(copies)]
-    x = torch.randn(rows, in_features)
+    generator = torch.Generator().manual_seed(0)  # the run's own random state is left as it was
+    weights = [torch.randn(out_features, in_features, generator=generator) for _ in range(copies)]
+    x = torch.randn(rows, in_features, generator=generator)
     with torch.no_grad():
         if rows < TRAINING_ROWS:
             torch_us = median_seconds(nn.functional.linear, x, weights) * 1e6
             onednn_us = median_seconds(onednn_linear, x, weights) * 1e6
         else:
-            grad = torch.randn(rows, out_features)
+            grad = torch.randn(rows, out_features, generator=generator)
             torch_us = 1e6 * (
                 median_seconds(nn.functional.linear, x, weights)
                 + median_seconds(lambda g, w: g @ w, grad, weights)

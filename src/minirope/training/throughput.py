@@ -34,8 +34,9 @@ def training_flops_per_token(config: MiniRopeConfig, seq_len: int) -> float:
 def matmul_seconds(size: int, device: torch.device, dtype: torch.dtype, repeats: int) -> float:
     """Seconds of the fastest of `repeats` `(size, size) @ (size, size)` products of `dtype` on `device`; for float32
     on a CPU, the faster of torch's default kernel and oneDNN's (the training products of `--measured_products`)."""
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
+    generator = torch.Generator(device=device).manual_seed(0)  # the run's own random state is left as it was
+    a = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
+    b = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
     synchronize = torch.accelerator.synchronize if device.type != "cpu" else lambda: None  # CPU products are done
     products = [torch.matmul]
     if device.type == "cpu" and dtype == torch.float32 and cpu_products.available():
