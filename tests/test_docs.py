@@ -45,6 +45,7 @@ SMALL = {
                   "--eval_max_new_tokens", "8", "--per_device_train_batch_size", "4",
                   "--lm_validation_file", "valid.txt"],  # bits per byte of 20 kB, not of the 4 validation plays
 }  # fmt: skip
+MODULES = {"import": "import_model"}  # a command whose module is not named as it is (`import` is a keyword)
 # minirope-posttrain's flags that only one method's TRL config has; dpo's own pairs are ranked by length, as the tiny
 # model's lines never scan (no pair would differ).
 SMALL_POSTTRAIN = {
@@ -152,11 +153,12 @@ def run_command(command: str, servers: contextlib.ExitStack, workspace: Path) ->
                 small = [*small, "--sft_steps", "2"]
         if "--push_to_hub" in words or any(word.startswith(f"{HUB_USER}/") for word in words):
             env = hub_env(servers, workspace)
-            result = subprocess.run([sys.executable, "-m", f"minirope.commands.{name}", *words[1:], *small],
+            module = f"minirope.commands.{MODULES.get(name, name)}"
+            result = subprocess.run([sys.executable, "-m", module, *words[1:], *small],
                                     capture_output=True, text=True, env=env, cwd=workspace, timeout=600)  # fmt: skip
             assert result.returncode == 0, result.stderr[-3000:]
             return
-        importlib.import_module(f"minirope.commands.{name}").run([*words[1:], *small])
+        importlib.import_module(f"minirope.commands.{MODULES.get(name, name)}").run([*words[1:], *small])
     elif command.startswith(SCRIPTS):
         script = words[1]
         helped = subprocess.run([sys.executable, ROOT / script, "--help"], capture_output=True, text=True, cwd=ROOT)
