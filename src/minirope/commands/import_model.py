@@ -47,6 +47,11 @@ class ImportArguments:
     def gguf(self) -> bool:
         return self.source.endswith(".gguf")
 
+    @property
+    def local(self) -> bool:
+        """A file or folder on this machine, not a Hub id."""
+        return self.gguf or looks_local(self.source)
+
     def from_pretrained_kwargs(self) -> dict:
         """Where transformers reads the source: the GGUF's folder and `gguf_file`, or the folder / Hub id."""
         if self.gguf:
@@ -71,7 +76,7 @@ def check_source(args: ImportArguments):
         ValueError: a missing file or folder, a source transformers cannot read, another architecture, or
             `pretraining_tp` > 1.
     """
-    if (args.gguf or looks_local(args.source)) and not Path(args.source).exists():
+    if args.local and not Path(args.source).exists():
         raise ValueError(f"{args.source} does not exist: give a Llama folder, a Hub id or a .gguf file.")
     try:
         config = AutoConfig.from_pretrained(**args.from_pretrained_kwargs())
@@ -117,7 +122,7 @@ def card(args: ImportArguments, model, output: Path):
     """The folder's model card: what it was imported from, `base_model` when that is a Hub id."""
     from minirope.training.output import model_card
 
-    source = Path(args.source).name if args.gguf or looks_local(args.source) else args.source
+    source = Path(args.source).name if args.local else args.source
     how = (
         f"Imported from `{source}`{'' if args.revision == 'main' or args.gguf else f' at {args.revision}'} with "
         f"`minirope-import`: transformers' `LlamaForCausalLM` load of it, copied into `MiniRopeForCausalLM` under the "
@@ -141,8 +146,7 @@ def run(argv: list[str] | None = None) -> Path:
 
     args = parse_args(argv)
     output = Path(args.output_dir)
-    source = args.source if args.gguf or looks_local(args.source) else None
-    check_output(output, "--output_dir", {"source": source})
+    check_output(output, "--output_dir", {"source": args.source if args.local else None})
     if output.exists() and not args.overwrite:
         raise FileExistsError(f"--output_dir {output} exists: choose another, or pass --overwrite True.")
     check_source(args)

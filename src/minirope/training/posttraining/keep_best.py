@@ -105,8 +105,8 @@ BEST_WEIGHTS, HISTORY = "keep_best.safetensors", "keep_best.json"  # in each che
 
 class KeepBest(TrainerCallback):
     """Scores the model every `every` steps and at the last one (`held_out_score`), keeping a CPU copy of the
-    trainable weights of the best score so far. `measure(model) -> float` is the score; call `start` before
-    training (step 0), `restore_best` after."""
+    trainable weights of the best score so far (none with `keep_last`: they are never put back). `measure(model) ->
+    float` is the score; call `start` before training (step 0), `restore_best` after."""
 
     def __init__(self, measure, every: float, keep_last: bool = False):
         self.measure, self.every = measure, every
@@ -117,7 +117,7 @@ class KeepBest(TrainerCallback):
         """Score `model` at `step` (or take `score`, measured already), keeping its weights if it is the best."""
         score = self.measure(model) if score is None else score
         self.selection.history.append({"step": step, "score": round(score, 6)})
-        if self.selection.best["step"] == step:
+        if self.selection.best["step"] == step and not self.selection.keep_last:  # --keep_last never restores
             self.best_weights = {name: param.detach().to("cpu", copy=True) for name, param in
                                  model.named_parameters() if param.requires_grad}  # fmt: skip
         best = self.selection.best

@@ -100,10 +100,9 @@ def reward_means(rewards: list, samples: Samples) -> dict[str, float | None]:
     reward is called on one prompt's completions at a time (`Samples.group`), as GRPO calls it on a group and the
     pairs rank one: a reward that scores a completion against the others it is called with (word variety) reads the
     same scale here as in training, whatever the number of prompts measured."""
-    means = {}
+    means, groups = {}, [samples.group(index) for index in range(len(samples.prompt_rows))]
     for reward in rewards:
-        values = [value for index in range(len(samples.prompt_rows))
-                  for value in call_reward(reward, *samples.group(index)) if value is not None]  # fmt: skip
+        values = [value for group in groups for value in call_reward(reward, *group) if value is not None]
         means[reward_name(reward)] = sum(values) / len(values) if values else None
     return means
 
