@@ -67,6 +67,8 @@ def world(tiny_pretrained, tmp_path_factory) -> Path:
         + "\n",
         "bad-args.json": '{"max_steps": 3,\n "output_dir": }\n',
         "unknown-args.json": json.dumps({"max_stepz": 3}),
+        "bad.yaml": "max_steps: [3\n",
+        "unknown.yaml": "max_stepz: 3\n",
     }
     for name, text in files.items():
         (root / name).write_text(text, encoding="utf-8")
@@ -483,6 +485,23 @@ CASES = [
         "the teacher's tokenizer (320 tokens) is not the student's",
     ),
     (POSTTRAIN, [*GRPO, "--output_dir", "{model}"], "--output_dir {model} is --model_name_or_path"),
+    (
+        POSTTRAIN,
+        [*GRPO, "--use_peft"],
+        "--use_peft trains a LoRA adapter on the model of --model_name_or_path, and the",
+    ),
+    (POSTTRAIN, [*GRPO, "--use_peft", "--load_in_4bit"], "--load_in_4bit/--load_in_8bit (bitsandbytes QLoRA) are not"),
+    (POSTTRAIN, [*GRPO, "--use_peft", "--lora_r", "0"], "LoRA needs --lora_r >= 1"),
+    (
+        POSTTRAIN,
+        [*GRPO, "--use_peft", "--sft_steps", "0", "--merge_lora", "False", "--weight_interpolation", "0.5"],
+        "--weight_interpolation mixes the saved weights with the starting ones, and --merge_lora False",
+    ),
+    (POSTTRAIN, ["--method", "grpo", "--output_dir", "{out}"], "--model_name_or_path is required"),
+    (POSTTRAIN, [*GRPO, "--config", "{w}/none.yaml"], "--config {w}/none.yaml: no such file"),
+    (POSTTRAIN, [*GRPO, "--config", "{w}/bad.yaml"], "--config {w}/bad.yaml is not YAML"),
+    (POSTTRAIN, [*GRPO, "--config", "{w}/unknown.yaml"], "unknown.yaml: max_stepz is not a flag of minirope-posttrain"),
+    (POSTTRAIN, [*GRPO, "--dataset_streaming"], "--dataset_streaming: minirope-posttrain holds out"),
     (POSTTRAIN, [*DPO, "--output_dir", "{w}/notes"], "or pass --overwrite_output_dir to write the run among them"),
 ]
 

@@ -24,11 +24,16 @@ from trl import SFTTrainer  # noqa: E402
 
 from minirope.commands import posttrain  # noqa: E402
 from minirope.training.corpus import BUNDLED_CORPUS, VALIDATION_PLAYS, shakespeare_dataset  # noqa: E402
-from minirope.training.posttraining import corpus, warm_start  # noqa: E402
+from minirope.training.posttraining import (  # noqa: E402
+    corpus,
+    setup,  # noqa: E402
+    warm_start,
+)
 from minirope.training.posttraining.arguments import PosttrainDPOConfig, parse_args  # noqa: E402
 from minirope.training.posttraining.corpus import interpolate_weights  # noqa: E402
 from minirope.training.posttraining.measures import SAMPLING, sample  # noqa: E402
 from minirope.training.posttraining.rewards import own_pairs  # noqa: E402
+from minirope.training.posttraining.setup import prepare  # noqa: E402
 from minirope.training.posttraining.verse import training_prompts, validation_headers  # noqa: E402
 
 # A few steps at the tiny model's size: 2 prompts x 2 completions of 8 tokens a step, 2 x 2 samples measured, a
@@ -91,7 +96,7 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
         seen["tokenized"] += 1
         return training_blocks(*args)
 
-    monkeypatch.setattr(corpus, "add_corpus", spy)
+    monkeypatch.setattr(setup, "add_corpus", spy)
     monkeypatch.setattr(warm_start, "add_corpus", warm_spy)
     monkeypatch.setattr(corpus, "training_blocks", blocks_spy)
     out = tmp_path / "grpo"
@@ -157,8 +162,8 @@ def test_dpo_rejects_by_the_first_reward_only_for_the_verse_tasks_default_reward
         (["--rejected_by", "sum"], "sum"),
     ):
         argv = ["--method", "dpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(tmp_path), *given]
-        args, config = parse_args(argv)
-        posttrain.prepare(args, config)
+        args, config, model_args = parse_args(argv)
+        prepare(args, config, model_args)
         assert args.rejected_by == rule, given
 
 
@@ -202,7 +207,7 @@ def test_half_precision_trains_in_it_after_the_measures(tiny_post, half, tiny_pr
         precision[type(trainer).__name__] = trainer.accelerator.mixed_precision
         add_corpus(trainer, *args)
 
-    monkeypatch.setattr(corpus, "add_corpus", spy)
+    monkeypatch.setattr(setup, "add_corpus", spy)
     monkeypatch.setattr(warm_start, "add_corpus", spy)
     out = tmp_path / f"grpo-{half}"
     posttrain.run([
@@ -262,7 +267,7 @@ def test_corpus_blocks_are_tokenized_once_for_each_context(tiny_pretrained, tmp_
     text = tmp_path / "corpus.txt"
     text.write_text("".join(f"Line {i} of a corpus for the corpus term's blocks.\n" for i in range(200)))
     args = parse_args(["--model_name_or_path", str(tiny_pretrained), "--lm_train_file", str(text)])[0]
-    blocks_of = corpus.corpus_of(args)
+    blocks_of = corpus.corpus_of(args, str(tiny_pretrained))
     tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
     short, long = blocks_of.blocks(tokenizer, 16, 0), blocks_of.blocks(tokenizer, 32, 0)
     assert short.shape[1] == 16 and long.shape[1] == 32 and short.dtype == torch.int64
@@ -330,26 +335,26 @@ def test_own_pairs_can_reject_the_worst_by_the_first_reward(tiny_pretrained):
 def test_the_method_is_parsed_from_a_json_arguments_file_and_tuned_flags_keep_trl_help(tmp_path):
     arguments = tmp_path / "args.json"
     arguments.write_text(json.dumps({"model_name_or_path": "m", "method": "dpo", "max_steps": 3}))
-    args, config = parse_args([str(arguments)])
+    args, config, _ = parse_args([str(arguments)])
     assert args.method == "dpo" and isinstance(config, PosttrainDPOConfig) and config.max_steps == 3
-    args, config = parse_args(["--model", "m", "--method=dpo"])
+    args, config, _ = parse_args(["--model", "m", "--method=dpo"])
     assert isinstance(config, PosttrainDPOConfig) and config.learning_rate == 5e-5  # minirope's, not TRL's 1e-6
     assert config.loss_type == ["sigmoid"] and args.rejected_by is None  # None: chosen by the task when run
     help_text = PosttrainDPOConfig.__dataclass_fields__["learning_rate"].metadata["help"]
     assert help_text and "learning rate" in help_text.lower()  # TRL's own help, kept where minirope re-defaults
     # GRPO's retuned groups and reward scaling survive TRL's __post_init__, and the flags still override them
-    _, config = parse_args(["--model", "m"])
+    _, config, _ = parse_args(["--model", "m"])
     grouping = (config.num_generations, config.per_device_train_batch_size, config.max_steps, config.scale_rewards)
     assert grouping == (16, 32, 250, "batch")
-    _, config = parse_args(["--model", "m", "--scale_rewards", "group", "--num_generations", "8"])
+    _, config, _ = parse_args(["--model", "m", "--scale_rewards", "group", "--num_generations", "8"])
     assert (config.scale_rewards, config.num_generations) == ("group", 8)
     # with data, the defaults measured on users' tasks, not the verse task's (its learning rate made them worse)
     for data in (["--dataset_name", "d"], ["--train_file", "f.jsonl"]):
-        _, config = parse_args(["--model", "m", *data])
+        _, config, _ = parse_args(["--model", "m", *data])
         grouping = (config.num_generations, config.per_device_train_batch_size, config.max_steps, config.scale_rewards)
         assert grouping == (16, 64, 300, "group") and config.learning_rate == 1e-4 and config.temperature == 1.0
     arguments.write_text(json.dumps({"model_name_or_path": "m", "dataset_name": "d"}))
-    _, config = parse_args([str(arguments)])
+    _, config, _ = parse_args([str(arguments)])
     assert config.learning_rate == 1e-4 and config.eval_steps == 0.2
 
 
@@ -412,9 +417,7 @@ def test_a_run_that_beats_no_measure_keeps_the_starting_weights_and_says_so(tiny
     """Every measure during training scores below the start (the score patched to fall): the folder holds the
     starting weights, the run says nothing was gained (its last line, the summary, the card); with --keep_last the
     trained weights are written and the fall is said."""
-    from minirope.training.posttraining import keep_best
-
-    monkeypatch.setattr(keep_best, "held_out_score", lambda *args: -1.0)
+    monkeypatch.setattr(setup, "held_out_score", lambda *args: -1.0)
     out = tmp_path / "grpo"
     posttrain.run([*user_task(tmp_path, monkeypatch), "--model_name_or_path", str(tiny_pretrained), "--output_dir",
                    str(out), "--max_steps", "3", "--eval_steps", "1", "--keep_last", str(keep_last)])  # fmt: skip
@@ -433,6 +436,51 @@ def test_a_run_that_beats_no_measure_keeps_the_starting_weights_and_says_so(tiny
     assert run_summary["gained"] in printed[-1]
 
 
+def test_grpo_with_use_peft_from_a_yaml_config_trains_lora_and_keeps_the_start_when_nothing_was_gained(
+    tiny_pretrained, tmp_path, monkeypatch, capsys
+):
+    """TRL's shape: the flags from a `--config` YAML file (the command line wins), `--use_peft --lora_r 8` trains a
+    LoRA adapter (TRL's `get_peft_config`); with every measure below the start, the adapter's initial weights are put
+    back, so the merged folder holds exactly the starting weights and loads with `AutoModelForCausalLM`."""
+    monkeypatch.setattr(setup, "held_out_score", lambda *args: -1.0)
+    (tmp_path / "run.yaml").write_text(
+        f"model_name_or_path: {tiny_pretrained}\noutput_dir: {tmp_path / 'lora'}\nuse_peft: true\nlora_r: 8\n"
+        "lora_target_modules: [q_proj, v_proj]\nmax_steps: 5\neval_steps: 1\n"
+    )
+    run_summary = posttrain.run(["--config", str(tmp_path / "run.yaml"), *user_task(tmp_path, monkeypatch)])
+    out = tmp_path / "lora"
+    assert run_summary["training"] == "LoRA r=8, alpha 32 (merged)" and run_summary["steps"] == 2  # --max_steps 2
+    assert [entry["step"] for entry in run_summary["kept"]["measured"]] == [0, 1, 2]
+    start, written = load_file(tiny_pretrained / "model.safetensors"), load_file(out / "model.safetensors")
+    assert written.keys() == start.keys() and all(torch.equal(written[name], start[name]) for name in start)
+    assert not (out / "adapter_config.json").exists() and "- lora" in (out / "README.md").read_text()
+    assert "nothing gained" in capsys.readouterr().out.strip().splitlines()[-1]
+    loads_and_generates(out)
+
+
+def test_grpo_with_use_peft_and_merge_lora_false_saves_an_adapter_that_loads(tiny_pretrained, tmp_path, monkeypatch):
+    """`--merge_lora False`: the adapter alone (peft's folder), trained (its B matrices no longer zero), loading with
+    `AutoModelForCausalLM` onto the base model it names, and scoring as the run measured it."""
+    from peft import AutoPeftModelForCausalLM
+
+    out = tmp_path / "adapter"
+    posttrain.run([*user_task(tmp_path, monkeypatch), "--model_name_or_path", str(tiny_pretrained), "--output_dir",
+                   str(out), "--use_peft", "--lora_r", "4", "--merge_lora", "False",
+                   "--keep_last", "True"])  # fmt: skip
+    assert not (out / "model.safetensors").exists()
+    adapter = load_file(out / "adapter_model.safetensors")
+    assert {name.split(".")[-2] for name in adapter} == {"lora_A", "lora_B"}
+    assert any(value.abs().max() > 0 for name, value in adapter.items() if "lora_B" in name)
+    assert summary(out)["training"] == "LoRA r=4, alpha 32 adapter"
+    ids = torch.tensor([[1, 2, 3, 4]])
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        expected = AutoPeftModelForCausalLM.from_pretrained(out).eval()(ids).logits
+        base = AutoModelForCausalLM.from_pretrained(tiny_pretrained).eval()(ids).logits
+        torch.testing.assert_close(loaded(ids).logits, expected)
+    assert not torch.allclose(expected, base)
+
+
 def test_keep_best_restores_the_weights_of_the_best_measure(tiny_pretrained):
     """Scores 0.1 (start), 0.3, 0.2: the weights of the second measure are put back, and the line names its step."""
     from minirope.training.posttraining.keep_best import KeepBest
@@ -440,7 +488,7 @@ def test_keep_best_restores_the_weights_of_the_best_measure(tiny_pretrained):
     model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
     scores = iter([0.3, 0.2])
     keep = KeepBest(lambda model: next(scores), every=1)
-    keep.start(model, 0.1)
+    keep.start(0.1, model)
     weights = {}
     for step in (1, 2):
         with torch.no_grad():

@@ -1,5 +1,6 @@
 """The fused causal-LM loss of the minirope model (`LinearCrossEntropy`: the loss and its gradients without the
-`(N, V)` logits), and the token-id check of the embedding.
+`(N, V)` logits), the token-id check of the embedding, and Llama's eager attention (`eager_attention_forward`,
+`repeat_kv` for grouped-query attention).
 
 Kept apart from `modeling_minirope.py` (which reads like the paper) and shipped beside it as remote code:
 `save_pretrained` copies this file with the model file, so a folder loaded with `trust_remote_code=True`
@@ -189,3 +190,40 @@ def chunked_causal_lm_loss(
     targets = shift_labels.reshape(-1).to(hidden.device)
     chunk_size = loss_chunk_rows(weight.shape[0], hidden.device.type)
     return LinearCrossEntropy.apply(hidden, weight, targets, num_items_in_batch, chunk_size, product)
+
+
+def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """Share each key/value head with `n_rep` query heads: `(B, K, S, d)` -> `(B, K * n_rep, S, d)`."""
+    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain softmax attention, `softmax(q k^T * scaling + mask) v`, softmax in float32: transformers'
+    `modeling_llama.eager_attention_forward`, the `attn_implementation="eager"` entry beside the attention interface's
+    sdpa and flash kernels.
+
+    Args: query `(B, H, T, d)`, key/value `(B, K, S, d)`, attention_mask additive `(B, 1, T, S)` or None.
+    Returns: `(output (B, T, H, d), weights (B, H, T, S))`.
+    """
+    key_states = repeat_kv(key, module.num_key_value_groups)
+    value_states = repeat_kv(value, module.num_key_value_groups)
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value_states)
+    return attn_output.transpose(1, 2).contiguous(), attn_weights

@@ -9,7 +9,8 @@ between `MiniRopeForCausalLM` and `transformers.LlamaForCausalLM` unchanged.
 Shapes use: B batch, T query length, S key length (cache + T), H query heads, K key/value heads,
 d head_dim, D hidden_size, V vocab_size.
 
-This file reads like the paper: RoPE itself is in `rotary_minirope.py`, the fused loss in `kernels_minirope.py`,
+This file reads like the paper: RoPE itself is in `rotary_minirope.py`, the fused loss and Llama's shared eager
+attention (`repeat_kv`, `eager_attention_forward`) in `kernels_minirope.py`,
 the loading rules in `loading_minirope.py`, the cache keyword of the installed transformers (`cache`, formerly
 `past_key_values`) in `compat_minirope.py`. Its products are `nn.Linear`'s, exactly Llama's. It imports only torch,
 transformers and those files, so that `save_pretrained` ships all of them as remote code.
@@ -38,7 +39,7 @@ from transformers.utils.output_capturing import capture_outputs
 
 from .compat_minirope import cache_argument, cache_keyword, cache_of, old_cache_name
 from .configuration_minirope import MiniRopeConfig
-from .kernels_minirope import embed_token_ids, fused_causal_lm_loss
+from .kernels_minirope import eager_attention_forward, embed_token_ids, fused_causal_lm_loss
 from .loading_minirope import MiniRopeLoadingMixin
 from .rotary_minirope import MiniRopeRotaryEmbedding, apply_rotary_pos_emb
 
@@ -65,41 +66,6 @@ class MiniRopeRMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
-
-
-def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """Share each key/value head with `n_rep` query heads: `(B, K, S, d)` -> `(B, K * n_rep, S, d)`."""
-    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
-    if n_rep == 1:
-        return hidden_states
-    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
-    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
-
-
-def eager_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs: Unpack[TransformersKwargs],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain softmax attention, `softmax(q k^T * scaling + mask) v`, softmax in float32.
-
-    Args: query `(B, H, T, d)`, key/value `(B, K, S, d)`, attention_mask additive `(B, 1, T, S)` or None.
-    Returns: `(output (B, T, H, d), weights (B, H, T, S))`.
-    """
-    key_states = repeat_kv(key, module.num_key_value_groups)
-    value_states = repeat_kv(value, module.num_key_value_groups)
-    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
-    if attention_mask is not None:
-        attn_weights = attn_weights + attention_mask
-    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
-    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
-    attn_output = torch.matmul(attn_weights, value_states)
-    return attn_output.transpose(1, 2).contiguous(), attn_weights
 
 
 class MiniRopeAttention(nn.Module):

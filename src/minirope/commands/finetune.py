@@ -31,7 +31,7 @@ from transformers import DataCollatorForSeq2Seq, default_data_collator
 
 from minirope.commands import run_cli
 from minirope.folders import ModelArguments, check_output, load_causal_lm
-from minirope.training.arguments import MiniRopeTrainingArguments, parse_cli_args, start_run
+from minirope.training.arguments import LORA_TARGETS, MiniRopeTrainingArguments, parse_cli_args, start_run
 from minirope.training.chat import conversation_examples, dataset_conversations, load_conversations
 from minirope.training.checkpoints import check_resume
 from minirope.training.corpus import play_shards
@@ -58,7 +58,6 @@ from minirope.training.supervised import load_prompt_completion, prompt_completi
 from minirope.training.tokenizer import add_chat_template
 from minirope.training.trainer import MiniRopeTrainer, final_evaluation
 
-LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 METRICS = ("eval_nats_per_token", "eval_perplexity", "eval_bits_per_byte")
 
 
@@ -68,7 +67,7 @@ class LoraArguments:
     lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=16, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
     lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA path."})
-    lora_target_modules: str = field(default=LORA_TARGETS, metadata={"help": "Comma-separated module names."})
+    lora_target_modules: str = field(default=",".join(LORA_TARGETS), metadata={"help": "Comma-separated module names."})
     merge_lora: bool = field(default=True, metadata={"help": "Merge the adapter into the saved weights."})
 
     def __post_init__(self) -> None:

@@ -23,6 +23,9 @@ from minirope.training.hub import check_push
 from minirope.training.optimizers import MUON_MOMENTUM
 from minirope.training.precision import choose_bf16
 
+# LoRA's default target modules (minirope-finetune --lora, minirope-posttrain --use_peft): every projection of
+# attention and the MLP, as QLoRA found best (Dettmers et al. 2023, section 4)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 OPTIM_HIDDEN_HELP = (
     "Optimizer of the decoder's hidden matrices: adamw (--optim, like every other parameter) or muon (Muon, with "
     "AdamW for the embeddings, LM head and norms; same --learning_rate, --weight_decay and schedule: "

@@ -2,8 +2,11 @@
 
 `minirope-posttrain` (`minirope.commands.posttrain`) is a thin verb over this room; each piece has its module:
 
-    arguments   the command's flags: the method, the data (TRL's `ScriptArguments` names), the rewards, the corpus
-                term and the measures, and each method's TRL config with the defaults measured for a CPU
+    arguments   the command's flags in TRL's script shape: `PosttrainArguments` (TRL's `ScriptArguments` and the
+                task: the method, rewards, corpus term, measures), each method's TRL config with the defaults
+                measured for a CPU, `PosttrainModelConfig` (TRL's `ModelConfig`: dtype, attention, LoRA)
+    setup       a run's parts checked before any work (`prepare`), the method's TRL trainer (`build_trainer`,
+                with LoRA), the weights kept after it (`final_weights`: best, merged, interpolated)
     data        the training rows and the held-out prompts: a `datasets` folder or Hub id and its splits, files,
                 or (nothing given) the verse task's prompts from the bundled plays; TRL's standard formats
     rewards     rewards by name or import path, called as TRL calls them (prompts, completions, completion ids and
@@ -11,10 +14,14 @@
                 the rewards' sum
     corpus      the language-modelling term on the user's pretraining text (ptx), mixed into TRL's updates, and
                 the interpolation of the tuned weights with the starting ones (WiSE-FT)
+    pairs       dpo without preference data: pairs from the model's own samples, written for the user
     warm_start  supervised fine-tuning (TRL's SFTTrainer) on demonstrations of the task before the method, with
                 the corpus term; the warm-started model the method's reference
     measures    what a run bought and cost, before and after: each reward on the held-out prompts (greedy and
                 sampled), the share of distinct completions, bits per byte on the validation text
+    keep_best   never silently worse: the held-out score every --eval_steps, the best weights kept, one line
+                saying what was gained
+    report      the folder a run leaves (model or adapter, card, run summary) and its before -> after line
     verse       the showcase task used when no data is given: prompts from the plays, its demonstrations (the
                 plays cut to their iambic lines), lines that scan and are iambic
 

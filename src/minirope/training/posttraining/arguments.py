@@ -11,10 +11,13 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import torch
+import yaml
 from transformers import HfArgumentParser
-from trl import DistillationConfig, DPOConfig, GRPOConfig
+from trl import DistillationConfig, DPOConfig, GRPOConfig, ModelConfig, ScriptArguments, TrlParser
 
-from minirope.training.arguments import parse_cli_args
+from minirope.folders import first_line
+from minirope.training.arguments import LORA_TARGETS, parse_cli_args
 from minirope.training.documents import read_utf8
 from minirope.training.posttraining.rewards import REJECTED_BY
 
@@ -55,18 +58,13 @@ def retuned(config: type, name: str, default: object) -> object:
 
 
 @dataclass
-class PosttrainArguments:
-    """What to post-train, on which data, for which reward, and what to measure. The method's training flags are its
-    TRL config's: its `--trust_remote_code` applies to the model and the teacher, and `DistillationConfig`'s
+class PosttrainArguments(ScriptArguments):
+    """What to post-train on and for which reward, and what to measure: TRL's `ScriptArguments` (the data, as `trl
+    grpo` takes it) and minirope's task flags, as `trl/scripts/grpo.py`'s `GRPOScriptArguments` extends them. The model
+    is `PosttrainModelConfig`'s (TRL's `ModelConfig`); the training flags are the method's TRL config's: its
+    `--trust_remote_code` applies to the model and the teacher, and `DistillationConfig`'s
     `--teacher_model_name_or_path` names the teacher."""
 
-    model_name_or_path: str = field(
-        metadata={"help": "The model to post-train: a folder written by minirope, or a Hub id.", "aliases": ["--model"]}
-    )
-    revision: str = field(
-        default="main",
-        metadata={"help": "With a Hub id: the branch, tag or commit to load.", "aliases": ["--model_revision"]},
-    )
     method: str = field(
         default="grpo", metadata={"help": "grpo (reward), dpo (preference pairs) or distill (a teacher)."}
     )
@@ -79,8 +77,6 @@ class PosttrainArguments:
             "{chosen, rejected}). Without any data: the verse task on the bundled plays."
         },
     )
-    dataset_config: str | None = field(default=None, metadata={"help": "The dataset's configuration name."})
-    dataset_train_split: str = field(default="train", metadata={"help": "The split to train on."})
     dataset_test_split: str = field(
         default="test",
         metadata={
@@ -236,6 +232,12 @@ class PosttrainArguments:
             raise ValueError("--validation_file needs a --train_file (alone, there would be nothing to train on).")
         if self.lm_train_file and self.lm_dataset_name:
             raise ValueError("Give either --lm_train_file or --lm_dataset_name for the corpus term, not both.")
+        if self.dataset_streaming:
+            raise ValueError("--dataset_streaming: minirope-posttrain holds out and measures prompts from the whole "
+                             "dataset; drop the flag (or give --train_file with the rows to train on).")  # fmt: skip
+        if self.ignore_bias_buffers:
+            raise ValueError("--ignore_bias_buffers is a DDP workaround of TRL's dpo script for models with bias "
+                             "buffers; minirope's models have none: drop the flag.")  # fmt: skip
 
     @property
     def verse_task(self) -> bool:
@@ -258,6 +260,63 @@ class PosttrainArguments:
         if self.sft_steps is not None:
             return self.sft_steps
         return SFT_STEPS[self.method] if self.verse_task or self.sft_train_file else 0
+
+
+@dataclass
+class PosttrainModelConfig(ModelConfig):
+    """The model to post-train, as TRL's `ModelConfig` names it (`--model_name_or_path`, `--model_revision`, `--dtype`,
+    `--attn_implementation`, `--use_peft` and the `--lora_*` flags, with TRL's help), LoRA on every projection by
+    default, and `--merge_lora`, as `minirope-finetune` saves an adapter."""
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "The model to post-train: a folder written by minirope, or a Hub id.",
+            "aliases": ["--model"],
+        },
+    )
+    model_revision: str = field(
+        default="main",
+        metadata={"help": "With a Hub id: the branch, tag or commit to load.", "aliases": ["--revision"]},
+    )
+    lora_target_modules: list[str] | None = retuned(ModelConfig, "lora_target_modules", list(LORA_TARGETS))
+    merge_lora: bool = field(
+        default=True,
+        metadata={
+            "help": "With --use_peft: merge the trained adapter into the saved weights (a plain model folder); "
+            "--merge_lora False saves the adapter alone (peft's adapter folder, loading the base model from "
+            "--model_name_or_path)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.model_name_or_path:
+            raise ValueError("--model_name_or_path is required: the folder (or Hub id) of the model to post-train.")
+        if self.load_in_4bit or self.load_in_8bit:
+            raise ValueError("--load_in_4bit/--load_in_8bit (bitsandbytes QLoRA) are not supported by "
+                             "minirope-posttrain: drop the flag (--use_peft trains a LoRA adapter on the "
+                             "full-precision model; minirope-export quantizes the result).")  # fmt: skip
+        if self.lora_task_type != "CAUSAL_LM":
+            raise ValueError(f"--lora_task_type {self.lora_task_type}: post-training trains a causal LM's adapter; "
+                             f"drop the flag (CAUSAL_LM).")  # fmt: skip
+        if self.use_peft and (self.lora_r < 1 or not self.lora_alpha > 0 or not 0 <= self.lora_dropout < 1):
+            raise ValueError(f"LoRA needs --lora_r >= 1, --lora_alpha > 0 and --lora_dropout in [0, 1), got "
+                             f"{self.lora_r}, {self.lora_alpha} and {self.lora_dropout}.")  # fmt: skip
+
+    def training(self) -> str:
+        """How the weights were trained, for the summary and the card: `full`, `LoRA r=8 (merged)` or `LoRA r=8
+        adapter`."""
+        if not self.use_peft:
+            return "full"
+        return f"LoRA r={self.lora_r}, alpha {self.lora_alpha}" + (" (merged)" if self.merge_lora else " adapter")
+
+    def init_kwargs(self) -> dict:
+        """`from_pretrained`'s keyword arguments for the model (and for the reference model TRL loads from its id):
+        the revision, the dtype and the attention implementation, as `trl/scripts/grpo.py` builds them."""
+        dtype = self.dtype if self.dtype in (None, "auto") else getattr(torch, self.dtype)
+        kwargs = {"revision": self.model_revision, "dtype": dtype, "attn_implementation": self.attn_implementation}
+        return {key: value for key, value in kwargs.items() if value is not None}
 
 
 @dataclass
@@ -381,31 +440,61 @@ class Preparsed:
 
 
 def preparse(argv: list[str]) -> Preparsed:
-    """`--method`, `--dataset_name` and `--train_file` of a command line, read by the argument parser, or the keys of a
-    single JSON arguments file; the method "grpo" when neither names one (an unknown method is refused by
-    `PosttrainArguments`)."""
-    if len(argv) == 1 and argv[0].endswith(".json") and Path(argv[0]).is_file():
-        try:
-            arguments = json.loads(read_utf8(argv[0]))
-        except json.JSONDecodeError:
-            arguments = {}  # parse_cli_args reports it
-        arguments = arguments if isinstance(arguments, dict) else {}
-        method = arguments.get("method")
-        return Preparsed(method if isinstance(method, str) else Preparsed.method, arguments.get("dataset_name"),
-                         arguments.get("train_file"))  # fmt: skip
+    """`--method`, `--dataset_name` and `--train_file` of a command line, read by the argument parser over the keys of
+    a `--config` YAML file (or of a single JSON arguments file); the method "grpo" when none names one (an unknown
+    method is refused by `PosttrainArguments`)."""
     parser = HfArgumentParser(Preparsed, add_help=False)
+    parser.set_defaults(
+        **{key: value for key, value in arguments_file(argv).items() if key in Preparsed.__annotations__}
+    )
     known, _ = parser.parse_known_args(args=argv)
     return known
 
 
+def arguments_file(argv: list[str]) -> dict:
+    """The flags a `--config file.yaml` (TRL's) or a single `.json` argument sets; {} for none or an unreadable file
+    (the parser reports it)."""
+    if len(argv) == 1 and argv[0].endswith(".json") and Path(argv[0]).is_file():
+        text, load = read_utf8(argv[0]), json.loads
+    elif "--config" in argv[:-1] and Path(argv[argv.index("--config") + 1]).is_file():
+        text, load = read_utf8(argv[argv.index("--config") + 1]), yaml.safe_load
+    else:
+        return {}
+    try:
+        arguments = load(text)
+    except (json.JSONDecodeError, yaml.YAMLError):
+        return {}
+    return arguments if isinstance(arguments, dict) else {}
+
+
 def parse_args(argv: list[str] | None = None) -> tuple:
-    """`PosttrainArguments` and the method's TRL config (`CONFIGS`), from `argv` (default: the command line) or a
-    JSON arguments file.
+    """`(PosttrainArguments, the method's TRL config, PosttrainModelConfig)`, TRL's script order, from `argv` (default:
+    the command line): TRL's `TrlParser` with `--config file.yaml` (the command line wins over the file), or a
+    single JSON arguments file. The config's class is the method's (`CONFIGS`), or the verse task's without data.
 
     Raises:
-        ValueError: an unknown method, a flag outside its range, or a bad arguments file.
+        ValueError: an unknown method, a flag outside its range, or a missing or bad arguments file.
     """
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = [part for item in argv for part in (item.split("=", 1) if item.startswith("--config=") else [item])]
     known = preparse(argv)
     configs = CONFIGS if known.dataset_name or known.train_file else VERSE_CONFIGS
-    return parse_cli_args((PosttrainArguments, configs.get(known.method, configs["grpo"])), argv)
+    types = (PosttrainArguments, configs.get(known.method, configs["grpo"]), PosttrainModelConfig)
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        return parse_cli_args(types, argv)
+    if "--config" in argv:
+        at = argv.index("--config") + 1
+        path = Path(argv[at]) if at < len(argv) else None
+        if path is None or not path.is_file():
+            raise ValueError(
+                f"--config {path or ''}: no such file; give a YAML file of flags (as `trl grpo --config`)."
+            )
+        flags = {item.name for kind in types for item in fields(kind)} | {"env"}  # TRL's `env:` sets variables
+        unknown = sorted(set(arguments_file(argv)) - flags)
+        if unknown:
+            raise ValueError(f"--config {path}: {', '.join(unknown)} is not a flag of minirope-posttrain --method "
+                             f"{known.method} (--help lists them).")  # fmt: skip
+    try:
+        return TrlParser(types).parse_args_and_config(args=argv)
+    except yaml.YAMLError as error:
+        raise ValueError(f"--config {argv[argv.index('--config') + 1]} is not YAML ({first_line(error)}).") from None

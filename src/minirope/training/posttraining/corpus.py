@@ -71,8 +71,9 @@ class Corpus:
         return self.tokenized[context, seed]
 
 
-def corpus_of(args: PosttrainArguments) -> Corpus:
-    """The corpus term of a run and the validation text of its bits per byte (see the module doc).
+def corpus_of(args: PosttrainArguments, model: str) -> Corpus:
+    """The corpus term of a run on `model` (its folder or Hub id) and the validation text of its bits per byte (see
+    the module doc).
 
     Raises:
         ValueError: `--lm_coef` or `--sft_lm_coef` above 0 with no text to take it on; FileNotFoundError: a missing
@@ -82,24 +83,24 @@ def corpus_of(args: PosttrainArguments) -> Corpus:
     warm_coef = (SFT_LM_COEF if args.sft_lm_coef is None else args.sft_lm_coef) if args.warm_start_steps else 0.0
     validation = file_shards(args.lm_validation_file, "text", flag="--lm_validation_file") if (
         args.lm_validation_file) else None  # fmt: skip
-    base = trained_on(args.model_name_or_path)
+    base = trained_on(model)
     if args.lm_train_file or args.lm_dataset_name:
         text = TextDataArguments(train_file=args.lm_train_file, dataset_name=args.lm_dataset_name)
         shards = file_shards(args.lm_train_file, "text", flag="--lm_train_file") if args.lm_train_file else (
             dataset_shards(text, "train"))  # fmt: skip
         return Corpus(shards if coef or warm_coef else None, coef, warm_coef, data_description(text), validation, base)
     if base == BUNDLED_CORPUS:
-        source = f"{BUNDLED_CORPUS}, which {args.model_name_or_path} was trained on"
+        source = f"{BUNDLED_CORPUS}, which {model} was trained on"
         shards = bundled_shards("train") if coef or warm_coef else None
         return Corpus(shards, coef, warm_coef, source, validation or bundled_shards("validation"), base)
     for flag, value in (("--lm_coef", args.lm_coef), ("--sft_lm_coef", args.sft_lm_coef)):
         if value:
             raise ValueError(
                 f"{flag} {value} needs the text the model was pretrained on: give --lm_train_file or "
-                f"--lm_dataset_name ({args.model_name_or_path} does not say it was trained on the bundled plays)."
+                f"--lm_dataset_name ({model} does not say it was trained on the bundled plays)."
             )
     trained = f"was trained on {base}" if base else "does not say what it was trained on"
-    source = f"none ({args.model_name_or_path} {trained}; --lm_train_file adds one)"
+    source = f"none ({model} {trained}; --lm_train_file adds one)"
     return Corpus(None, 0.0, 0.0, source, validation, base)
 
 

@@ -106,7 +106,8 @@ BEST_WEIGHTS, HISTORY = "keep_best.safetensors", "keep_best.json"  # in each che
 class KeepBest(TrainerCallback):
     """Scores the model every `every` steps and at the last one (`held_out_score`), keeping a CPU copy of the
     trainable weights of the best score so far (none with `keep_last`: they are never put back). `measure(model) ->
-    float` is the score; call `start` before training (step 0), `restore_best` after."""
+    float` is the score; call `start` with the starting model's score before training (step 0), `restore_best`
+    after."""
 
     def __init__(self, measure, every: float, keep_last: bool = False):
         self.measure, self.every = measure, every
@@ -114,20 +115,33 @@ class KeepBest(TrainerCallback):
         self.best_weights: dict[str, torch.Tensor] = {}
 
     def record(self, model, step: int, score: float | None = None) -> None:
-        """Score `model` at `step` (or take `score`, measured already), keeping its weights if it is the best."""
+        """Score `model` at `step` (or take `score`, measured already), keeping its weights if it is the best (and
+        `model` is given: the start's are taken when training begins, from the model as the trainer wraps it)."""
         score = self.measure(model) if score is None else score
         self.selection.history.append({"step": step, "score": round(score, 6)})
-        if self.selection.best["step"] == step and not self.selection.keep_last:  # --keep_last never restores
-            self.best_weights = {name: param.detach().to("cpu", copy=True) for name, param in
-                                 model.named_parameters() if param.requires_grad}  # fmt: skip
+        if self.selection.best["step"] == step and model is not None:
+            self.keep(model)
         best = self.selection.best
         tqdm.write(
             f"[minirope] step {step}: held-out score {score:.3f} (best {best['score']:.3f}, step {best['step']})"
         )
 
-    def start(self, model, score: float | None = None) -> None:
-        """Step 0: the model the run starts from (`score`: its score, if measured already)."""
+    def keep(self, model) -> None:
+        """A CPU copy of `model`'s trainable weights (a LoRA adapter's, under TRL's peft wrapping), as the best so
+        far; none with `keep_last` (they are never put back)."""
+        if not self.selection.keep_last:
+            self.best_weights = {name: param.detach().to("cpu", copy=True) for name, param in
+                                 model.named_parameters() if param.requires_grad}  # fmt: skip
+
+    def start(self, score: float, model=None) -> None:
+        """Step 0: the score of the model the run starts from, and its weights (`model`); without `model` they are
+        taken when training begins, from the model the trainer holds (wrapped: a LoRA adapter's initial weights,
+        which leave the model as it started)."""
         self.record(model, 0, score)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.selection.best["step"] == 0 and not self.best_weights:  # a resumed run brings its own (`resume`)
+            self.keep(model)
 
     def interval(self, max_steps: int) -> int:
         return max(1, round(self.every * max_steps)) if self.every < 1 else int(self.every)

@@ -1,0 +1,32 @@
+"""DPO without preference data: pairs from the model's own samples, ranked by the rewards (`rewards.own_pairs`)."""
+
+from pathlib import Path
+
+from datasets import Dataset
+
+from minirope.training.posttraining.measures import SAMPLING, sample
+from minirope.training.posttraining.rewards import own_pairs
+
+PAIRS_FILE = "preference_pairs.jsonl"  # in the output folder, for the user to read and reuse
+
+
+def own_preference_pairs(setup, args, config) -> Dataset:
+    """Pairs from `--samples_per_prompt` samples of each of the run's pair prompts (`TaskData.pair_prompts`), ranked
+    by the rewards' sum (`--reward_weights`), a pair kept where the two differ by `--min_reward_margin`, the rejected
+    chosen by `--rejected_by`; written to `<output_dir>/preference_pairs.jsonl`.
+
+    Raises:
+        ValueError: no prompt's samples differ in reward by the margin (naming the flags to change).
+    """
+    samples = sample(setup.model, setup.tokenizer, setup.data.pair_prompts, args.samples_per_prompt,
+                     args.eval_max_new_tokens, config.seed, SAMPLING)  # fmt: skip
+    pairs = own_pairs(samples, setup.rewards, args.min_reward_margin, config.reward_weights, args.rejected_by)
+    if not pairs:
+        raise ValueError(f"no preference pairs: no prompt's samples differ in reward by --min_reward_margin "
+                         f"{args.min_reward_margin} or more; lower it, raise --samples_per_prompt or --num_prompts, or "
+                         f"give preference pairs as data.")  # fmt: skip
+    path, dataset = Path(config.output_dir) / PAIRS_FILE, Dataset.from_list(pairs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dataset.to_json(path, lines=True)
+    print(f"[minirope] {len(pairs)} preference pairs from the model's own samples: {path}")
+    return dataset

@@ -1,0 +1,102 @@
+"""What a post-training run leaves behind: the folder (model or LoRA adapter, tokenizer, card, metrics, the run
+summary with the measures before and after and the kept step) and the before -> after line (`report`)."""
+
+from minirope.training.hub import card_name
+from minirope.training.output import finish_run, model_card
+from minirope.training.posttraining.keep_best import score_name
+from minirope.training.posttraining.measures import METRIC, prompt_text
+from minirope.training.posttraining.rewards import reward_name
+from minirope.training.throughput import training_flops_per_token
+
+METHOD_TAGS = {"grpo": "grpo", "dpo": "dpo", "distill": "distillation"}  # the model card's tag for each method
+
+
+def teacher_flops(trainer) -> float:
+    """The teacher's compute in model FLOPs: a forward pass (a third of `training_flops_per_token`, PaLM counting) over
+    every prompt and completion token the student trained on (TRL's `num_input_tokens_seen`), at the context of the
+    sequences it scored: the mean prompt length of the training rows plus `--max_completion_length`, at most the
+    teacher's `max_position_embeddings`."""
+    teacher = trainer.teacher_model.config
+    prompts = trainer.train_dataset["prompt"]
+    tokens = [len(trainer.processing_class(prompt_text(p, trainer.processing_class))["input_ids"]) for p in prompts]
+    length = min(round(sum(tokens) / len(tokens)) + trainer.args.max_completion_length, teacher.max_position_embeddings)
+    return trainer.state.num_input_tokens_seen * training_flops_per_token(teacher, length) / 3
+
+
+def report(trainer, setup, args, before, after, train_metrics: dict, selection) -> dict:
+    """Write the folder (model, tokenizer, card, metrics, summary, samples) and print the before -> after line."""
+    config, warm = trainer.args, setup.warm
+    steps, base = trainer.state.global_step, setup.model_args.model_name_or_path
+    gained = selection.line(score_name([reward_name(reward) for reward in setup.rewards],
+                                       getattr(config, "reward_weights", None)))  # fmt: skip
+
+    summary = {
+        "base_model": base,
+        "method": args.method,
+        "data": setup.data.source,
+        "task": "verse" if setup.data.verse else "user data",
+        "training_data": setup.corpus.trained_on,
+        "teacher": getattr(config, "teacher_model_name_or_path", None),
+        "reward_funcs": [reward_name(reward) for reward in setup.rewards],
+        "reward_weights": getattr(config, "reward_weights", None),
+        "rejected_by": args.rejected_by if args.method == "dpo" and setup.data.train is None else None,
+        "training": setup.model_args.training(),
+        "steps": steps,
+        "learning_rate": config.learning_rate,
+        "batch_size": config.per_device_train_batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "beta": getattr(config, "beta", None),
+        "corpus_term": {"source": setup.corpus.source, "lm_coef": setup.corpus.coef if setup.corpus.shards else 0.0},
+        "weight_interpolation": args.weight_interpolation,
+        "warm_start": {
+            "steps": args.warm_start_steps,
+            "data": warm.source,
+            "learning_rate": args.sft_learning_rate,
+            "batch_size": args.sft_batch_size,
+            "lm_coef": setup.corpus.warm_coef if setup.corpus.shards else 0.0,
+            "after": warm.measured.as_dict(),
+        }
+        if warm
+        else None,  # fmt: skip
+        "train_seconds": round(train_metrics.get("train_runtime", 0.0), 1),
+        "tokens_seen": trainer.state.num_input_tokens_seen,
+        "teacher_model_flops": teacher_flops(trainer) if args.method == "distill" else 0,
+        "before": before.as_dict(),
+        "after": after.as_dict(),
+        "kept": selection.as_dict(),
+        "gained": gained,
+        "samples": [{"before": b, "after": a} for b, a in zip(before.samples, after.samples, strict=True)],
+    }
+    adapter = setup.model_args.use_peft and not setup.model_args.merge_lora
+    what = {"grpo": f"TRL's GRPOTrainer with {', '.join(summary['reward_funcs'])}", "dpo": "TRL's DPOTrainer",
+            "distill": f"TRL's DistillationTrainer from `{summary['teacher']}`"}[args.method]  # fmt: skip
+    warmed = (
+        f" after a warm start ({args.warm_start_steps} steps of TRL's SFTTrainer on "
+        f"{warm.source}, lr {args.sft_learning_rate}, corpus term weight {summary['warm_start']['lm_coef']}; then: "
+        f"{warm.measured.line()})"
+        if warm
+        else ""
+    )
+    how_trained = (
+        f"Post-trained from `{base}` with `minirope-posttrain` ({what}, {summary['training']}){warmed} on "
+        f"{summary['data']}: {steps} steps, "
+        f"lr {config.learning_rate}, corpus term: {setup.corpus.source} (weight {summary['corpus_term']['lm_coef']}), "
+        f"weight interpolation {args.weight_interpolation}. Measured on {after.prompts} held-out prompts, before: "
+        f"{before.line()}; after: {after.line()}. Held-out score measured every --eval_steps ({config.eval_steps}): "
+        f"{gained}."
+    )
+    eval_metrics = {f"before_{METRIC}": before.bits_per_byte, METRIC: after.bits_per_byte}
+    eval_metrics = {key: value for key, value in eval_metrics.items() if value is not None}
+    methods = (
+        METHOD_TAGS[args.method],
+        "trl",
+        *(["sft"] if warm else []),
+        *(["lora"] if setup.model_args.use_peft else []),
+    )
+    card = model_card(card_name(config), trainer.model.config, eval_metrics, setup.data.source, how_trained,
+                      base_model=base, methods=methods, adapter=adapter)  # fmt: skip
+    seconds = summary["train_seconds"]
+    line = f"{before.line()} -> {after.line()} in {steps} steps, {seconds:.0f} s; written to {config.output_dir}/"
+    finish_run(trainer, train_metrics=train_metrics, eval_metrics=eval_metrics, card=card, summary=summary,
+               lines=[line, gained])  # fmt: skip
+    return summary

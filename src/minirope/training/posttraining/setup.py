@@ -1,0 +1,185 @@
+"""A post-training run's parts, checked before any work and put together: `prepare` (the model, teacher, rewards,
+data, corpus term and warm start), `build_trainer` (the method's TRL trainer, with LoRA, the corpus term and
+`KeepBest`), `final_weights` (the kept, merged, interpolated weights) and `measure`."""
+
+from dataclasses import dataclass
+
+from minirope.folders import ModelArguments, check_output, load_causal_lm
+from minirope.training.checkpoints import check_resume, resolve_resume
+from minirope.training.hub import check_push
+from minirope.training.output import check_previous_run
+from minirope.training.posttraining.arguments import VERSE_REJECTED_BY, verse_rewards
+from minirope.training.posttraining.corpus import (
+    TRAINERS,
+    add_corpus,
+    check_corpus_term,
+    corpus_of,
+    interpolate_weights,
+)
+from minirope.training.posttraining.data import check_chat_template, load_task_data
+from minirope.training.posttraining.keep_best import KeepBest, Selection, held_out_score, weighted_sum
+from minirope.training.posttraining.measures import SAMPLING, measure_task, sample
+from minirope.training.posttraining.rewards import check_rewards, resolve_reward
+from minirope.training.posttraining.warm_start import demonstrations
+
+
+@dataclass
+class Setup:
+    """What a run trains: the model and its tokenizer, the teacher (distill), the rewards, the data (`TaskData`), the
+    corpus term (`Corpus`), the warm start (`WarmStart`; None: none), the checkpoint to resume and the model's
+    flags (`PosttrainModelConfig`)."""
+
+    model: object
+    tokenizer: object
+    teacher: object | None
+    rewards: list
+    data: object
+    corpus: object
+    warm: object = None
+    resume: str | None = None
+    model_args: object = None
+
+
+def prepare(args, config, model_args) -> Setup:
+    """Every check that can fail, before any work: the push (`--push_to_hub`), the output folder, the flags that
+    cannot go together, the model, the teacher, the rewards (called once on two samples), the data, the corpus term,
+    the warm start's demonstrations.
+
+    Raises:
+        ValueError, OSError: naming the flag, the folder or the file.
+    """
+    check_push(config)
+    resume = resolve_resume(config)
+    teacher_path = getattr(config, "teacher_model_name_or_path", None)
+    if args.method == "distill" and not teacher_path:
+        raise ValueError("--method distill needs --teacher_model_name_or_path: the folder of the teacher.")
+    if args.sft_train_file and not args.warm_start_steps:
+        raise ValueError(f"--sft_train_file is read by a warm start, and --method {args.method} has none here "
+                         f"(--sft_steps {args.warm_start_steps}): give --sft_steps N to warm-start on it, or drop "
+                         f"--sft_train_file.")  # fmt: skip
+    if model_args.use_peft and args.warm_start_steps:
+        raise ValueError(f"--use_peft trains a LoRA adapter on the model of --model_name_or_path, and the warm start "
+                         f"(--sft_steps {args.warm_start_steps}) fine-tunes all its weights first: give --sft_steps 0, "
+                         f"or drop --use_peft.")  # fmt: skip
+    if model_args.use_peft and not model_args.merge_lora and args.weight_interpolation < 1:
+        raise ValueError("--weight_interpolation mixes the saved weights with the starting ones, and --merge_lora "
+                         "False saves the adapter alone: drop one of the two.")  # fmt: skip
+    inputs = {"--model_name_or_path": model_args.model_name_or_path, "--teacher_model_name_or_path": teacher_path}
+    check_output(config.output_dir, "--output_dir", inputs)
+    data = load_task_data(args, config.seed)
+    defaults = verse_rewards(args.method) if data.verse and not args.reward_funcs else {}
+    names = args.reward_funcs or list(defaults)
+    if not names and (args.method == "grpo" or data.train is None):
+        what = "trains on" if args.method == "grpo" else "ranks its own samples by"
+        raise ValueError(
+            f"--method {args.method} {what} a reward: give --reward_funcs, by name or import path (my_rewards.exact, "
+            f"a function (prompts, completions, **columns) -> list[float])."
+        )
+    rewards = [resolve_reward(name) for name in names]
+    if hasattr(config, "reward_weights") and config.reward_weights is None and defaults:
+        config.reward_weights = list(defaults.values())  # the verse task's default rewards' weights
+    if args.rejected_by is None:
+        args.rejected_by = VERSE_REJECTED_BY if defaults else "sum"
+    weights = getattr(config, "reward_weights", None)  # distill has none
+    if weights is not None and len(weights) != len(rewards):
+        raise ValueError(f"--reward_weights: {len(weights)} given for {len(rewards)} rewards ({', '.join(names)}): "
+                         f"give one weight per reward.")  # fmt: skip
+    corpus = corpus_of(args, model_args.model_name_or_path)
+    check_corpus_term(corpus, config)
+    warm = demonstrations(args, data.verse) if args.warm_start_steps else None
+    trust, kwargs = config.trust_remote_code, model_args.init_kwargs()
+    revision = kwargs.pop("revision")
+    model, tokenizer = load_causal_lm(ModelArguments(model_args.model_name_or_path, trust, revision), **kwargs)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    check_chat_template(data, tokenizer)
+    check_previous_run(config.output_dir, model.config, overwrite=args.overwrite_output_dir, resuming=bool(resume))
+    check_resume(resume, model.config, config.max_steps)
+    teacher = None
+    if teacher_path:
+        teacher, teacher_tokenizer = load_causal_lm(ModelArguments(teacher_path, trust), **kwargs)
+        check_teacher(tokenizer, teacher_tokenizer)
+    probe = sample(model, tokenizer, data.held_out.select(range(1)), 2, 16, config.seed, SAMPLING)
+    check_rewards(rewards, probe.rows, probe.completions, probe.completion_ids)
+    weight = f", weight {corpus.coef}" if corpus.shards else ""
+    weight += f" (warm start {corpus.warm_coef})" if corpus.shards and warm else ""
+    rows = f"{len(data.train)} training rows, " if data.train is not None else ""
+    print(f"[minirope] data: {'the verse task, ' if data.verse else ''}{data.source}; {rows}{len(data.held_out)} "
+          f"held-out prompts measured; corpus term: {corpus.source}{weight}")  # fmt: skip
+    return Setup(model, tokenizer, teacher, rewards, data, corpus, warm, resume, model_args)
+
+
+def check_teacher(student_tokenizer, teacher_tokenizer) -> None:
+    """TRL's distillation compares the two models' next-token distributions token by token.
+
+    Raises:
+        ValueError: the teacher's vocabulary differs from the student's.
+    """
+    if student_tokenizer.get_vocab() != teacher_tokenizer.get_vocab():
+        raise ValueError(
+            f"the teacher's tokenizer ({len(teacher_tokenizer)} tokens) is not the student's ({len(student_tokenizer)}"
+            f" tokens): distillation needs one vocabulary; give a teacher trained with the student's tokenizer."
+        )
+
+
+def measure(setup: Setup, args, config):
+    """The measures of the model now (`measure_task`), printed."""
+    measured = measure_task(setup.model, setup.tokenizer, setup.data.held_out, setup.rewards, args, config,
+                            setup.corpus.validation, setup.data.verse)  # fmt: skip
+    print(f"[minirope] {measured.prompts} held-out prompts: {measured.line()}")
+    return measured
+
+
+def keep_best(setup: Setup, args, config, before) -> KeepBest | None:
+    """The `KeepBest` callback of the run: the held-out score of the rewards (weighted by `--reward_weights`), greedy,
+    every `--eval_steps`; the starting model's score taken from the `before` measures (the same completions). None
+    without rewards (DPO on preference pairs, distillation without --reward_funcs): nothing to score by."""
+    if not setup.rewards:
+        return None
+    weights = getattr(config, "reward_weights", None)
+    held_out, tokens = setup.data.held_out, args.eval_max_new_tokens
+    keep = KeepBest(
+        lambda model: held_out_score(model, setup.tokenizer, held_out, setup.rewards, weights, tokens, config.seed),
+        config.eval_steps,
+        keep_last=args.keep_last,
+    )
+    keep.start(weighted_sum(before.greedy, weights), None if setup.model_args.use_peft else setup.model)
+    keep.resume(setup.resume)
+    return keep
+
+
+def build_trainer(setup: Setup, args, config, train, keep: KeepBest | None):
+    """The method's TRL trainer (`TRAINERS`: with minirope's corpus term and model card) on `train`, with a LoRA
+    adapter under `--use_peft` (TRL's `get_peft_config`) and the `keep` callback. With `--model_revision`, the
+    reference model TRL loads again from the model's id (DPO, GRPO with a KL term; it takes the model's dtype and
+    attention itself) is loaded at that revision; after a warm start it is the warm-started folder's."""
+    from trl import get_peft_config
+
+    revision = setup.model_args.model_revision
+    if revision != "main" and not setup.warm:
+        config.model_init_kwargs = {**(config.model_init_kwargs or {}), "revision": revision}
+    method_kwargs = {"grpo": {"reward_funcs": setup.rewards}, "distill": {"teacher_model": setup.teacher}}
+    trainer = TRAINERS[args.method](
+        model=setup.model,
+        args=config,
+        train_dataset=train,
+        processing_class=setup.tokenizer,
+        peft_config=get_peft_config(setup.model_args),
+        **method_kwargs.get(args.method, {}),
+    )
+    add_corpus(trainer, setup.corpus, setup.corpus.coef, args, config.seed)
+    if keep is not None:
+        trainer.add_callback(keep)
+    return trainer
+
+
+def final_weights(trainer, keep: KeepBest | None, setup: Setup, args, start_weights: dict) -> Selection:
+    """After training: the best-scoring weights put back (`KeepBest`; the last without rewards or with
+    `--keep_last`), a LoRA adapter merged (unless `--merge_lora False`), the weights interpolated with the start
+    (`--weight_interpolation`); `setup.model` becomes the model to save. The selection made."""
+    state = trainer.state
+    selection = keep.restore_best(trainer.model) if keep else Selection(kept_step=state.global_step, keep_last=True)
+    if setup.model_args.use_peft and setup.model_args.merge_lora:
+        trainer.model = trainer.model.merge_and_unload()
+    interpolate_weights(trainer.model, start_weights, args.weight_interpolation)
+    setup.model = trainer.model
+    return selection
