@@ -34,9 +34,9 @@ from torch import nn  # noqa: E402
 from transformers import Trainer, TrainingArguments, default_data_collator, set_seed  # noqa: E402
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM  # noqa: E402
-from minirope.training.corpus import shakespeare_dataset  # noqa: E402
+from minirope.data.bundled import shakespeare_dataset  # noqa: E402
+from minirope.data.tokenizer import token_byte_lengths, train_tokenizer  # noqa: E402
 from minirope.training.metrics import per_token_loss  # noqa: E402
-from minirope.training.tokenizer import token_byte_lengths, train_tokenizer  # noqa: E402
 
 MULTIPLES = (1, 2, 4, 8)
 

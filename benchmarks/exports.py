@@ -21,8 +21,8 @@ from transformers import AutoTokenizer
 
 from minirope import MiniRopeForCausalLM
 from minirope.convert import to_llama
+from minirope.data.bundled import shakespeare_dataset
 from minirope.export import export_gguf, export_onnx
-from minirope.training.corpus import shakespeare_dataset
 
 
 def greedy_llama_cpp(llm: llama_cpp.Llama, prompt: list[int], n: int) -> list[int]:

@@ -5,7 +5,7 @@ For each factor (4, 8), type (default, linear, dynamic, yarn, llama3) and seed, 
 with the same budget: `--max_steps` steps of 4096 tokens (batch 4 x 1024 at 4x, 2 x 2048 at 8x). Each run
 evaluates the scaled model before fine-tuning (= inference-time scaling alone; the `default` type before
 fine-tuning is the base model itself) and after, at 256, 512, 1024 and 2048 tokens (sliding windows that
-score their last quarter), and runs the repeat test at every distance of `minirope.training.evaluation.DISTANCES`.
+score their last quarter), and runs the repeat test at every distance of `minirope.training.repeat_test.DISTANCES`.
 
     python benchmarks/long_context.py --base runs/minirope-shakespeare     # ~50 min on 2 CPU cores
     python benchmarks/long_context.py --base DIR --factors 4 --types yarn --seeds 1 --max_steps 20  # smoke
@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from minirope.commands import extend  # noqa: E402
 from minirope.rope_scaling import EXTENSIONS
-from minirope.training.evaluation import DISTANCES  # noqa: E402
+from minirope.training.repeat_test import DISTANCES  # noqa: E402
 
 EVAL_SIZES = (256, 512, 1024, 2048)
 TOKENS_PER_STEP = 4096

@@ -81,8 +81,8 @@ def run_one(name: str, flags: str, base: str, runs: Path) -> dict:
 
 def validation_bits_per_byte(model, tokenizer) -> float:
     """Whole-text bits per byte of the bundled validation plays, as `minirope-posttrain` measures it."""
-    from minirope.training.corpus import bundled_shards
-    from minirope.training.posttraining.measures import bits_per_byte
+    from minirope.data.bundled import bundled_shards
+    from minirope.posttraining.measures import bits_per_byte
 
     return bits_per_byte(model, tokenizer, bundled_shards("validation"))
 
@@ -91,8 +91,8 @@ def lm_baseline(name: str, record: dict, runs: Path) -> dict:
     """A distillation run's baseline without the teacher: the same student, steps, batch, learning rate and schedule,
     trained on the training plays' text (`minirope-finetune`, language-modelling loss, blocks of the model's context),
     scored with the same whole-text validation bits per byte."""
+    from minirope.data.bundled import shakespeare_dataset
     from minirope.folders import ModelArguments, load_causal_lm
-    from minirope.training.corpus import shakespeare_dataset
 
     plays = runs / "plays"
     for split, dataset in shakespeare_dataset().items():
@@ -128,9 +128,9 @@ def interpolate(record: dict, alphas: list[float], args) -> dict:
     from datasets import Dataset
 
     from minirope.folders import ModelArguments, load_causal_lm
-    from minirope.training.posttraining.corpus import interpolate_weights
-    from minirope.training.posttraining.measures import SAMPLING, sample
-    from minirope.training.posttraining.verse import validation_headers, verse_measure
+    from minirope.posttraining.corpus import interpolate_weights
+    from minirope.posttraining.measures import SAMPLING, sample
+    from minirope.posttraining.verse import validation_headers, verse_measure
 
     base, tokenizer = load_causal_lm(ModelArguments(record["base_model"]))
     start = {name: param.detach().clone() for name, param in base.named_parameters()}

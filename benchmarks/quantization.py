@@ -36,11 +36,11 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, EvalPrediction, QuantoConfig, TorchAoConfig
 
 from minirope.cpu_products import cpu_model_name
+from minirope.data.pipeline import validation_windows
+from minirope.data.sources import bundled_shards
+from minirope.data.tokenizer import token_byte_lengths
 from minirope.export import export_executorch, export_gguf
-from minirope.training.data import validation_windows
 from minirope.training.metrics import LanguageModelingMetrics, per_token_loss
-from minirope.training.sources import bundled_shards
-from minirope.training.tokenizer import token_byte_lengths
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "quantization.json"

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from bench_speed import cpu_description  # the benchmarks' CPU description (this folder is on sys.path when run)
 
-from minirope.training.corpus import VALIDATION_PLAYS, shakespeare_plays
-from minirope.training.tokenizer import train_tokenizer
+from minirope.data.bundled import VALIDATION_PLAYS, shakespeare_plays
+from minirope.data.tokenizer import train_tokenizer
 
 MB = 1_000_000
 

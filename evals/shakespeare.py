@@ -2,7 +2,7 @@
 
 from datasets import DatasetDict
 
-from minirope.training.corpus import shakespeare_dataset
+from minirope.data.bundled import shakespeare_dataset
 
 
 def validation_plays(**_) -> DatasetDict:

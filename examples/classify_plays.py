@@ -26,7 +26,7 @@ from transformers import (
 )
 
 import minirope  # noqa: F401  (registers the minirope classes with the Auto factories)
-from minirope.training.corpus import shakespeare_dataset
+from minirope.data.bundled import shakespeare_dataset
 
 
 @dataclass

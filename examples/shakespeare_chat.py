@@ -3,7 +3,7 @@ pretrained minirope folder, and the result behind `transformers serve`, asked th
 
 Each reply by another speaker becomes one conversation: the replying speaker's name as the system turn,
 the speech before it as the user turn, the reply as the assistant turn
-(`minirope.training.corpus.shakespeare_conversations`).
+(`minirope.data.bundled.shakespeare_conversations`).
 
     make demo                                              # runs/minirope-shakespeare
     python examples/shakespeare_chat.py                    # fine-tune, export, serve, ask; a few minutes on 2 cores
@@ -25,8 +25,8 @@ import urllib.request
 from pathlib import Path
 
 from minirope.commands import finetune
+from minirope.data.bundled import shakespeare_conversations
 from minirope.export import export_llama
-from minirope.training.corpus import shakespeare_conversations
 
 QUESTIONS = [
     ("HAMLET", "Who's there?"),

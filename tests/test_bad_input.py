@@ -11,8 +11,8 @@ from conftest import TINY_RUN, random_model, tiny_config
 from transformers import AutoModelForCausalLM, Trainer
 
 from minirope.commands import finetune, generate, pretrain
-from minirope.training.corpus import shakespeare_dataset
-from minirope.training.tokenizer import train_tokenizer
+from minirope.data.bundled import shakespeare_dataset
+from minirope.data.tokenizer import train_tokenizer
 
 
 def cli_error(main, argv, monkeypatch, capsys) -> str:

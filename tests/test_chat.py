@@ -19,11 +19,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM
 from minirope.commands import finetune
+from minirope.data.blocks import IGNORE_INDEX
+from minirope.data.bundled import shakespeare_conversations, shakespeare_dataset
+from minirope.data.chat import conversation_features
 from minirope.export import export_gguf, export_llama
 from minirope.tokenizer_format import CHAT_TOKENS, RESERVED_TOKENS
-from minirope.training.chat import conversation_features
-from minirope.training.corpus import shakespeare_conversations, shakespeare_dataset
-from minirope.training.metrics import IGNORE_INDEX
 
 HAMLET = [
     {"role": "system", "content": "HAMLET"},

@@ -9,11 +9,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from minirope.commands import pretrain
-from minirope.training.corpus import bundled_shards, play_shards, shakespeare_dataset
-from minirope.training.data import TextDataArguments, tokenize_and_block
+from minirope.data.bundled import bundled_shards, play_shards, shakespeare_dataset
+from minirope.data.pipeline import TextDataArguments, tokenize_and_block
+from minirope.data.sources import document_texts, training_shards
+from minirope.data.tokenizer import train_tokenizer
 from minirope.training.metrics import IGNORE_INDEX
-from minirope.training.sources import document_texts, training_shards
-from minirope.training.tokenizer import train_tokenizer
 
 BLOCK = 256
 

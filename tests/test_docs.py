@@ -107,7 +107,7 @@ def workspace(tmp_path, tiny_pretrained, monkeypatch):
     """A folder holding what the pages expect: the trained folder, text files, a dataset, conversations."""
     import datasets
 
-    from minirope.training.corpus import shakespeare_plays
+    from minirope.data.bundled import shakespeare_plays
 
     shutil.copytree(tiny_pretrained, tmp_path / "runs" / "minirope-shakespeare")
     plays = list(shakespeare_plays().values())
@@ -146,7 +146,7 @@ def run_command(command: str, servers: contextlib.ExitStack, workspace: Path) ->
         name = program.removeprefix("minirope-")
         small = SMALL[name]
         if name == "posttrain":
-            from minirope.training.posttraining.arguments import preparse
+            from minirope.posttraining.arguments import preparse
 
             small = [*small, *SMALL_POSTTRAIN[preparse(words[1:]).method]]
             if not {"--dataset_name", "--train_file"} & set(words):  # the verse task: a short warm start

@@ -17,8 +17,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from minirope import MiniRopeForCausalLM
 from minirope.commands import pretrain
+from minirope.data.bundled import shakespeare_dataset
 from minirope.export import export_executorch, export_gguf, export_llama, export_onnx
-from minirope.training.corpus import shakespeare_dataset
 
 pytestmark = pytest.mark.client
 

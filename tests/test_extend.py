@@ -13,10 +13,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from minirope import MiniRopeForSequenceClassification
 from minirope.commands import extend
+from minirope.data.blocks import document_windows, insert_repeats
 from minirope.rope_scaling import EXTENSIONS, extended_rope
-from minirope.training.blocks import document_windows, insert_repeats
-from minirope.training.evaluation import repeat_test, repeat_windows
 from minirope.training.metrics import IGNORE_INDEX
+from minirope.training.repeat_test import repeat_test, repeat_windows
 
 # fmt: off
 TINY_EXTEND = [

@@ -8,8 +8,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minirope import MiniRopeForCausalLM
 from minirope.commands import finetune
+from minirope.data.supervised import load_prompt_completion, prompt_completion_examples
 from minirope.training.metrics import IGNORE_INDEX
-from minirope.training.supervised import load_prompt_completion, prompt_completion_examples
 
 FAST = ["--num_train_epochs", "2", "--per_device_train_batch_size", "4", "--torch_compile", "False",
         "--max_train_samples", "24", "--max_eval_samples", "8", "--learning_rate", "3e-3"]  # fmt: skip

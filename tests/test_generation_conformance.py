@@ -5,7 +5,7 @@ import torch
 from conftest import llama_twin, random_model, tiny_config
 from transformers import TextStreamer
 
-from minirope.training.tokenizer import train_tokenizer
+from minirope.data.tokenizer import train_tokenizer
 
 PROMPT = torch.tensor([[5, 17, 33, 8, 61, 5, 17, 33]])
 

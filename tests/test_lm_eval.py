@@ -9,7 +9,7 @@ import pytest
 from conftest import TINY_RUN
 
 from minirope.commands import pretrain
-from minirope.training.corpus import shakespeare_dataset
+from minirope.data.bundled import shakespeare_dataset
 
 EVALS = Path(__file__).parent.parent / "evals"
 

@@ -23,18 +23,18 @@ pytestmark = pytest.mark.client
 from trl import SFTTrainer  # noqa: E402
 
 from minirope.commands import posttrain  # noqa: E402
-from minirope.training.corpus import BUNDLED_CORPUS, VALIDATION_PLAYS, shakespeare_dataset  # noqa: E402
-from minirope.training.posttraining import (  # noqa: E402
+from minirope.data.bundled import BUNDLED_CORPUS, VALIDATION_PLAYS, shakespeare_dataset  # noqa: E402
+from minirope.posttraining import (  # noqa: E402
     corpus,
     setup,  # noqa: E402
     warm_start,
 )
-from minirope.training.posttraining.arguments import PosttrainDPOConfig, parse_args  # noqa: E402
-from minirope.training.posttraining.corpus import interpolate_weights  # noqa: E402
-from minirope.training.posttraining.measures import SAMPLING, sample  # noqa: E402
-from minirope.training.posttraining.rewards import own_pairs  # noqa: E402
-from minirope.training.posttraining.setup import prepare  # noqa: E402
-from minirope.training.posttraining.verse import training_prompts, validation_headers  # noqa: E402
+from minirope.posttraining.arguments import PosttrainDPOConfig, parse_args  # noqa: E402
+from minirope.posttraining.corpus import interpolate_weights  # noqa: E402
+from minirope.posttraining.measures import SAMPLING, sample  # noqa: E402
+from minirope.posttraining.rewards import own_pairs  # noqa: E402
+from minirope.posttraining.setup import prepare  # noqa: E402
+from minirope.posttraining.verse import training_prompts, validation_headers  # noqa: E402
 
 # A few steps at the tiny model's size: 2 prompts x 2 completions of 8 tokens a step, 2 x 2 samples measured, a
 # warm start of 2 steps.
@@ -483,7 +483,7 @@ def test_grpo_with_use_peft_and_merge_lora_false_saves_an_adapter_that_loads(tin
 
 def test_keep_best_restores_the_weights_of_the_best_measure(tiny_pretrained):
     """Scores 0.1 (start), 0.3, 0.2: the weights of the second measure are put back, and the line names its step."""
-    from minirope.training.posttraining.keep_best import KeepBest
+    from minirope.posttraining.keep_best import KeepBest
 
     model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
     scores = iter([0.3, 0.2])
@@ -558,7 +558,7 @@ def test_the_corpus_term_is_refused_under_deepspeed():
     (before anything is written); without a corpus, or with its weights at 0, DeepSpeed is left alone."""
     from types import SimpleNamespace
 
-    from minirope.training.posttraining.corpus import check_corpus_term
+    from minirope.posttraining.corpus import check_corpus_term
 
     deepspeed, plain = SimpleNamespace(deepspeed="ds_config.json"), SimpleNamespace(deepspeed=None)
     term = SimpleNamespace(shards=["text"], coef=0.5, warm_coef=0.0)

@@ -140,7 +140,7 @@ def test_a_new_corpus_into_a_folder_with_a_tokenizer_trains_a_new_one(tmp_path, 
     and a tokenizer with no record (saved before the record existed) is not trusted either."""
     import shutil
 
-    from minirope.training.tokenizer import CORPUS_KEY
+    from minirope.data.tokenizer import CORPUS_KEY
 
     recorded = json.loads((tiny_pretrained / "tokenizer_config.json").read_text())[CORPUS_KEY]
     assert re.fullmatch("[0-9a-f]{64}", recorded)
@@ -235,8 +235,8 @@ def test_a_new_run_removes_an_earlier_runs_checkpoints_and_says_so_first(tmp_pat
 def test_one_train_file_holds_out_its_first_blocks_never_trained_on(tmp_path, tiny_pretrained):
     """`--train_file` alone: the first `--validation_split_percentage` % of the blocks are the validation set, as
     minirope-finetune and run_clm.py split them, and no block is in both."""
-    from minirope.training.corpus import shakespeare_dataset
-    from minirope.training.sources import file_shards
+    from minirope.data.bundled import shakespeare_dataset
+    from minirope.data.sources import file_shards
 
     text = tmp_path / "mine.txt"
     text.write_text(shakespeare_dataset()["validation"]["text"][0][:20000])

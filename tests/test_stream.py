@@ -20,14 +20,14 @@ from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, tr
 from transformers import PreTrainedTokenizerFast
 
 from minirope.commands import pretrain
-from minirope.training import documents
-from minirope.training.corpus import shakespeare_plays
-from minirope.training.data import TextDataArguments, block_stream, tokenize_and_block
-from minirope.training.documents import TextFile, Texts
-from minirope.training.records import file_shard
-from minirope.training.sources import training_shards
-from minirope.training.stream import BlockStream, shuffled_shards
-from minirope.training.tokenizer import PIECE_CHARS, TextPieces, sample_texts, train_tokenizer
+from minirope.data import documents
+from minirope.data.bundled import shakespeare_plays
+from minirope.data.documents import TextFile, Texts
+from minirope.data.formats import file_shard
+from minirope.data.pipeline import TextDataArguments, block_stream, tokenize_and_block
+from minirope.data.sources import training_shards
+from minirope.data.stream import BlockStream, shuffled_shards
+from minirope.data.tokenizer import PIECE_CHARS, TextPieces, sample_texts, train_tokenizer
 
 # The pre-tokenizer regex of Meta-Llama-3-8B's tokenizer.json (an oracle independent of minirope's copy)
 LLAMA3_SPLIT = (
@@ -192,8 +192,8 @@ MEASURE_RSS = """
 import resource, sys
 from itertools import islice
 from transformers import AutoTokenizer
-from minirope.training.stream import BlockStream, shuffled_shards
-from minirope.training.documents import TextFile
+from minirope.data.stream import BlockStream, shuffled_shards
+from minirope.data.documents import TextFile
 tokenizer = AutoTokenizer.from_pretrained(sys.argv[2])
 stream = BlockStream([TextFile(sys.argv[1])], tokenizer, block_size=256, shuffle_buffer=256)
 for _ in islice(stream, 2000):

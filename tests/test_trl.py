@@ -6,7 +6,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
-from minirope.training.corpus import shakespeare_dataset
+from minirope.data.bundled import shakespeare_dataset
 
 pytestmark = pytest.mark.client
 

@@ -1,6 +1,6 @@
-"""The format of minirope's tokenizer: what `minirope.training.tokenizer` writes and the commands, exports and
+"""The format of minirope's tokenizer: what `minirope.data.tokenizer` writes and the commands, exports and
 servers read. Constants only, no dependency: a model folder's reader (`minirope.folders`, `minirope.export`) and the
-trainer of tokenizers (`minirope.training.tokenizer`) share them without importing each other.
+trainer of tokenizers (`minirope.data.tokenizer`) share them without importing each other.
 
 Pre-tokenization is Llama 3's regex (`PRE_TOKENIZER_PATTERN`, the `Split` then `ByteLevel` of Meta-Llama-3's
 `tokenizer.json`, which llama.cpp knows as `llama-bpe`).

@@ -30,7 +30,7 @@ from minirope.export import (
     export_onnx,
 )
 from minirope.folders import check_output, looks_local
-from minirope.training.hub import check_write_access
+from minirope.output.hub import check_write_access
 
 
 @dataclass

@@ -30,21 +30,15 @@ import math
 from dataclasses import dataclass, field
 
 from minirope.commands import run_cli
+from minirope.data.pipeline import TextDataArguments, data_description, training_blocks, validation_windows
+from minirope.data.sources import document_texts, text_sources
 from minirope.folders import ModelArguments, check_output, load_causal_lm, load_config
+from minirope.output.card import card_name, model_card, optimizer_description
+from minirope.output.folder import check_previous_run, finish_run, remove_old_checkpoints
 from minirope.rope_scaling import EXTENSIONS, extended_rope
 from minirope.training.arguments import MiniRopeTrainingArguments, start_run
 from minirope.training.checkpoints import check_resume
-from minirope.training.data import TextDataArguments, data_description, training_blocks, validation_windows
-from minirope.training.evaluation import DISTANCES, repeat_test
-from minirope.training.hub import card_name
-from minirope.training.output import (
-    check_previous_run,
-    finish_run,
-    model_card,
-    optimizer_description,
-    remove_old_checkpoints,
-)
-from minirope.training.sources import document_texts, text_sources
+from minirope.training.repeat_test import DISTANCES, repeat_test
 from minirope.training.trainer import MiniRopeTrainer, parallelism
 
 
@@ -136,7 +130,7 @@ def scaled_config(model_args: ModelArguments, args: ExtendArguments, data_args: 
 
 
 def repeats(model, tokenizer, documents: list[str], args: ExtendArguments) -> list[dict]:
-    """The repeat test at `--repeat_distances` (`minirope.training.evaluation.repeat_test`).
+    """The repeat test at `--repeat_distances` (`minirope.training.repeat_test.repeat_test`).
 
     Raises:
         ValueError: a distance longer than the validation documents allow.

@@ -30,12 +30,9 @@ from datasets import DatasetDict
 from transformers import DataCollatorForSeq2Seq, default_data_collator
 
 from minirope.commands import run_cli
-from minirope.folders import ModelArguments, check_output, load_causal_lm
-from minirope.training.arguments import LORA_TARGETS, MiniRopeTrainingArguments, parse_cli_args, start_run
-from minirope.training.chat import conversation_examples, dataset_conversations, load_conversations
-from minirope.training.checkpoints import check_resume
-from minirope.training.corpus import play_shards
-from minirope.training.data import (
+from minirope.data.bundled import play_shards
+from minirope.data.chat import conversation_examples, dataset_conversations, load_conversations
+from minirope.data.pipeline import (
     HeldOutArguments,
     TextDataArguments,
     data_description,
@@ -43,19 +40,16 @@ from minirope.training.data import (
     hold_out,
     tokenize_and_block,
 )
-from minirope.training.hub import card_name
+from minirope.data.sources import data_kind, file_shards, text_sources
+from minirope.data.supervised import load_prompt_completion, prompt_completion_examples
+from minirope.data.tokenizer import add_chat_template
+from minirope.folders import ModelArguments, check_output, load_causal_lm
+from minirope.output.card import card_name, model_card, optimizer_description
+from minirope.output.folder import check_previous_run, finish_run, remove_old_checkpoints
+from minirope.training.arguments import LORA_TARGETS, MiniRopeTrainingArguments, parse_cli_args, start_run
+from minirope.training.checkpoints import check_resume
 from minirope.training.metrics import IGNORE_INDEX
-from minirope.training.output import (
-    check_previous_run,
-    finish_run,
-    model_card,
-    optimizer_description,
-    remove_old_checkpoints,
-)
 from minirope.training.precision import avoid_cudnn_attention
-from minirope.training.sources import data_kind, file_shards, text_sources
-from minirope.training.supervised import load_prompt_completion, prompt_completion_examples
-from minirope.training.tokenizer import add_chat_template
 from minirope.training.trainer import MiniRopeTrainer, final_evaluation
 
 METRICS = ("eval_nats_per_token", "eval_perplexity", "eval_bits_per_byte")

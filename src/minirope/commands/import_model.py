@@ -120,7 +120,7 @@ def drop_tokens_past_vocabulary(folder: Path, vocab_size: int) -> list[str]:
 
 def card(args: ImportArguments, model, output: Path):
     """The folder's model card: what it was imported from, `base_model` when that is a Hub id."""
-    from minirope.training.output import model_card
+    from minirope.output.card import model_card
 
     source = Path(args.source).name if args.local else args.source
     how = (

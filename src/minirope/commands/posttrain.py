@@ -13,7 +13,7 @@ The flags are TRL's scripts' (`trl grpo`): `TrlParser((ScriptArguments, the meth
 minirope's task flags in `PosttrainArguments` (a `ScriptArguments`) and `--method`; `--help` with a `--method` lists
 that method's TRL config flags. The training loops are TRL's (`GRPOTrainer`, `DPOTrainer`, `DistillationTrainer`).
 The data, the rewards, the warm start (TRL's `SFTTrainer` on demonstrations, before the method: `--sft_steps`), the
-corpus term, the measures and the kept weights are `minirope.training.posttraining`'s: before and after (and after
+corpus term, the measures and the kept weights are `minirope.posttraining`'s: before and after (and after
 the warm start), each run measures the rewards on held-out prompts (greedy and sampled), the share of distinct
 completions and, where there is validation text, its bits per byte; they go to the output folder
 (`run_summary.json`) and its model card.
@@ -24,7 +24,7 @@ import importlib.util
 from transformers import set_seed
 
 from minirope.commands import run_cli
-from minirope.training.output import remove_old_checkpoints
+from minirope.output.folder import remove_old_checkpoints
 from minirope.training.precision import avoid_cudnn_attention
 
 
@@ -36,11 +36,11 @@ def run(argv: list[str] | None = None) -> dict:
     """
     if importlib.util.find_spec("trl") is None:
         raise ValueError("minirope-posttrain runs TRL's trainers: install them with `pip install minirope[trl]`.")
-    from minirope.training.posttraining.arguments import parse_args
-    from minirope.training.posttraining.pairs import own_preference_pairs
-    from minirope.training.posttraining.report import report
-    from minirope.training.posttraining.setup import build_trainer, final_weights, keep_best, measure, prepare
-    from minirope.training.posttraining.warm_start import warm_start
+    from minirope.posttraining.arguments import parse_args
+    from minirope.posttraining.pairs import own_preference_pairs
+    from minirope.posttraining.report import report
+    from minirope.posttraining.setup import build_trainer, final_weights, keep_best, measure, prepare
+    from minirope.posttraining.warm_start import warm_start
 
     args, config, model_args = parse_args(argv)
     set_seed(config.seed)

@@ -25,11 +25,7 @@ from transformers import AutoTokenizer, GenerationConfig, SchedulerType, set_see
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM
 from minirope.commands import run_cli
-from minirope.folders import check_output
-from minirope.tokenizer_format import RESERVED_TOKENS
-from minirope.training.arguments import OPTIM_HIDDEN_HELP, MiniRopeTrainingArguments, parse_cli_args, start_run
-from minirope.training.checkpoints import check_resume
-from minirope.training.data import (
+from minirope.data.pipeline import (
     HeldOutArguments,
     TextDataArguments,
     block_stream,
@@ -38,18 +34,15 @@ from minirope.training.data import (
     tokenize_and_block,
     validation_windows,
 )
-from minirope.training.hub import card_name
-from minirope.training.output import (
-    check_not_foreign,
-    check_previous_run,
-    finish_run,
-    model_card,
-    optimizer_description,
-    remove_old_checkpoints,
-)
-from minirope.training.sources import file_shards, text_sources
+from minirope.data.sources import file_shards, text_sources
+from minirope.data.tokenizer import load_or_train_tokenizer
+from minirope.folders import check_output
+from minirope.output.card import card_name, model_card, optimizer_description
+from minirope.output.folder import check_not_foreign, check_previous_run, finish_run, remove_old_checkpoints
+from minirope.tokenizer_format import RESERVED_TOKENS
+from minirope.training.arguments import OPTIM_HIDDEN_HELP, MiniRopeTrainingArguments, parse_cli_args, start_run
+from minirope.training.checkpoints import check_resume
 from minirope.training.throughput import ThroughputCallback, training_flops_per_token
-from minirope.training.tokenizer import load_or_train_tokenizer
 from minirope.training.trainer import MiniRopeTrainer, check_stream_workers, final_evaluation, parallelism
 
 SAMPLE_PROMPT = "ROMEO:\nBut soft, what light"

@@ -17,9 +17,9 @@ import torch
 from transformers import HfArgumentParser, TrainingArguments, set_seed
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from minirope.data.documents import read_utf8
+from minirope.output.hub import check_push
 from minirope.training.checkpoints import resolve_resume
-from minirope.training.documents import read_utf8
-from minirope.training.hub import check_push
 from minirope.training.optimizers import MUON_MOMENTUM
 from minirope.training.precision import choose_bf16
 
@@ -217,7 +217,7 @@ def start_run(dataclass_types: tuple, argv: list[str] | None = None) -> tuple:
 
     Raises:
         FileNotFoundError: `--resume_from_checkpoint` names no checkpoint (see `resolve_resume`).
-        ValueError: a push that cannot happen (`minirope.training.hub.check_push`).
+        ValueError: a push that cannot happen (`minirope.output.hub.check_push`).
     """
     started = time.perf_counter()
     *arguments, training_args = parse_cli_args(dataclass_types, argv)

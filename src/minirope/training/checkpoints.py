@@ -16,7 +16,7 @@ from pathlib import Path
 from transformers import PreTrainedConfig, TrainingArguments
 
 from minirope.configuration_minirope import ARCHITECTURE_FIELDS
-from minirope.training.hub import hub_checkpoint
+from minirope.output.hub import hub_checkpoint
 
 logger = logging.getLogger(__name__)
 STATE = "trainer_state.json"

@@ -16,9 +16,8 @@ import numpy as np
 import torch
 from transformers import EvalPrediction
 
-from minirope.training.tokenizer import token_byte_lengths
-
-IGNORE_INDEX = -100
+from minirope.data.blocks import IGNORE_INDEX
+from minirope.data.tokenizer import token_byte_lengths
 
 
 def per_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -11,12 +11,12 @@ from transformers import SchedulerType, Trainer, TrainerCallback, default_data_c
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_peft_model
 
 from minirope.cpu_products import use_measured_products
+from minirope.data.stream import BlockStream
+from minirope.output.card import OwnModelCard
 from minirope.training.checkpoints import STREAM_STATE, last_complete_checkpoint, read_stream_state
 from minirope.training.errors import NonFiniteLossError
 from minirope.training.metrics import language_model_metrics
 from minirope.training.optimizers import MuonWithAdamW
-from minirope.training.output import OwnModelCard
-from minirope.training.stream import BlockStream
 
 
 def check_stream_workers(num_workers: int) -> None:

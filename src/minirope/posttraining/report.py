@@ -1,11 +1,11 @@
 """What a post-training run leaves behind: the folder (model or LoRA adapter, tokenizer, card, metrics, the run
 summary with the measures before and after and the kept step) and the before -> after line (`report`)."""
 
-from minirope.training.hub import card_name
-from minirope.training.output import finish_run, model_card
-from minirope.training.posttraining.keep_best import score_name
-from minirope.training.posttraining.measures import METRIC, prompt_text
-from minirope.training.posttraining.rewards import reward_name
+from minirope.output.card import card_name, model_card
+from minirope.output.folder import finish_run
+from minirope.posttraining.keep_best import score_name
+from minirope.posttraining.measures import METRIC, prompt_text
+from minirope.posttraining.rewards import reward_name
 from minirope.training.throughput import training_flops_per_token
 
 METHOD_TAGS = {"grpo": "grpo", "dpo": "dpo", "distill": "distillation"}  # the model card's tag for each method

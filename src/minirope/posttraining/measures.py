@@ -1,6 +1,6 @@
 """What a post-training run bought and what it cost, measured the same way before and after.
 
-On the held-out prompts (never trained on; `minirope.training.posttraining.data`):
+On the held-out prompts (never trained on; `minirope.posttraining.data`):
 
 - each reward's mean over one **greedy** completion per prompt (for a task with one right answer, the exact-match
   accuracy) and over `--eval_samples_per_prompt` **sampled** ones (temperature 0.8, top_k 50, the run's seed, whatever
@@ -20,11 +20,11 @@ from datasets import Dataset
 from transformers import PreTrainedTokenizerBase, TrainingArguments
 from trl.data_utils import is_conversational
 
+from minirope.data.documents import Shard
+from minirope.data.pipeline import validation_windows
+from minirope.posttraining.rewards import call_reward, reward_name
+from minirope.posttraining.verse import VerseMeasure, verse_measure
 from minirope.rewards import completion_text
-from minirope.training.data import validation_windows
-from minirope.training.documents import Shard
-from minirope.training.posttraining.rewards import call_reward, reward_name
-from minirope.training.posttraining.verse import VerseMeasure, verse_measure
 from minirope.training.trainer import MiniRopeTrainer
 
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 1.0}

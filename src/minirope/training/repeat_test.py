@@ -21,7 +21,7 @@ import random
 
 import torch
 
-from minirope.training.tokenizer import token_byte_lengths
+from minirope.data.tokenizer import token_byte_lengths
 
 PASSAGE_TOKENS = 64
 DISTANCES = (16, 64, 112, 240, 480, 700, 880, 1400, 1900)

@@ -5,13 +5,13 @@
   rewards as a keyword argument, as in TRL.
 - dpo: preference rows, `{"prompt", "chosen", "rejected"}`, or with an implicit prompt `{"chosen", "rejected"}`
   (TRL extracts the shared start); without data, pairs from the model's own ranked samples
-  (`minirope.training.posttraining.rewards.own_pairs`).
+  (`minirope.posttraining.rewards.own_pairs`).
 
 They come from `--dataset_name` (a folder saved by `datasets`, a folder of data files or a Hub id, with
 `--dataset_config`, `--dataset_train_split`, `--dataset_test_split`, as `trl grpo` takes them) or from
 `--train_file`/`--validation_file`. The held-out prompts are the test split's; a dataset without one has its first
-`--validation_split_percentage` % of rows held out, never trained on (`minirope.training.data.hold_out`). With no data
-at all, the run is the verse task (`minirope.training.posttraining.verse`) and says so.
+`--validation_split_percentage` % of rows held out, never trained on (`minirope.data.pipeline.hold_out`). With no data
+at all, the run is the verse task (`minirope.posttraining.verse`) and says so.
 """
 
 from dataclasses import dataclass
@@ -21,13 +21,13 @@ from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from transformers import PreTrainedTokenizerBase
 from trl.data_utils import is_conversational, maybe_extract_prompt
 
+from minirope.data.bundled import BUNDLED_CORPUS
+from minirope.data.documents import expand_files
+from minirope.data.pipeline import first_rows, hold_out
+from minirope.data.sources import dataset_not_found
 from minirope.folders import first_line
-from minirope.training.corpus import BUNDLED_CORPUS
-from minirope.training.data import first_rows, hold_out
-from minirope.training.documents import expand_files
-from minirope.training.posttraining.arguments import PosttrainArguments
-from minirope.training.posttraining.verse import training_prompts, validation_headers
-from minirope.training.sources import dataset_not_found
+from minirope.posttraining.arguments import PosttrainArguments
+from minirope.posttraining.verse import training_prompts, validation_headers
 
 PAIR_COLUMNS = ("chosen", "rejected")
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}

@@ -1,12 +1,12 @@
 """Supervised rows: `{"prompt", "completion"}` records tokenized with the loss on the completion only, and the
-filter that keeps the rows with a label to learn (also used for conversations, `minirope.training.chat`)."""
+filter that keeps the rows with a label to learn (also used for conversations, `minirope.data.chat`)."""
 
 from datasets import Dataset, DatasetDict
 from transformers import PreTrainedTokenizerBase
 
-from minirope.training.data import TextDataArguments, first_rows
-from minirope.training.metrics import IGNORE_INDEX
-from minirope.training.records import records
+from minirope.data.blocks import IGNORE_INDEX
+from minirope.data.formats import records
+from minirope.data.pipeline import TextDataArguments, first_rows
 
 
 def load_prompt_completion(train_files: list[str], validation_files: list[str]) -> DatasetDict:

@@ -5,22 +5,22 @@ data, corpus term and warm start), `build_trainer` (the method's TRL trainer, wi
 from dataclasses import dataclass
 
 from minirope.folders import ModelArguments, check_output, load_causal_lm
-from minirope.training.checkpoints import check_resume, resolve_resume
-from minirope.training.hub import check_push
-from minirope.training.output import check_previous_run
-from minirope.training.posttraining.arguments import VERSE_REJECTED_BY, verse_rewards
-from minirope.training.posttraining.corpus import (
+from minirope.output.folder import check_previous_run
+from minirope.output.hub import check_push
+from minirope.posttraining.arguments import VERSE_REJECTED_BY, verse_rewards
+from minirope.posttraining.corpus import (
     TRAINERS,
     add_corpus,
     check_corpus_term,
     corpus_of,
     interpolate_weights,
 )
-from minirope.training.posttraining.data import check_chat_template, load_task_data
-from minirope.training.posttraining.keep_best import KeepBest, Selection, held_out_score, weighted_sum
-from minirope.training.posttraining.measures import SAMPLING, measure_task, sample
-from minirope.training.posttraining.rewards import check_rewards, resolve_reward
-from minirope.training.posttraining.warm_start import demonstrations
+from minirope.posttraining.data import check_chat_template, load_task_data
+from minirope.posttraining.keep_best import KeepBest, Selection, held_out_score, weighted_sum
+from minirope.posttraining.measures import SAMPLING, measure_task, sample
+from minirope.posttraining.rewards import check_rewards, resolve_reward
+from minirope.posttraining.warm_start import demonstrations
+from minirope.training.checkpoints import check_resume, resolve_resume
 
 
 @dataclass

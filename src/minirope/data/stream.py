@@ -1,4 +1,4 @@
-"""`BlockStream` yields the training blocks of a list of shards (`minirope.training.documents`), epoch after
+"""`BlockStream` yields the training blocks of a list of shards (`minirope.data.documents`), epoch after
 epoch, optionally with the shard order shuffled per epoch and the blocks shuffled in windows of
 `shuffle_buffer` blocks. Its position after every block is a small JSON dict (the shard, the document, the
 byte offset of the text piece being read, the tokens of it already used, ...), from which it continues
@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from minirope.training.blocks import document_frame, insert_repeats, pack, token_pieces
-from minirope.training.documents import Shard
-from minirope.training.tokenizer import TextPieces
+from minirope.data.blocks import document_frame, insert_repeats, pack, token_pieces
+from minirope.data.documents import Shard
+from minirope.data.tokenizer import TextPieces
 
 START = {"epoch": 0, "shard": 0, "document": None, "offset": 0, "skip": 0, "block": 0}
 
@@ -32,7 +32,7 @@ class BlockStream(torch.utils.data.IterableDataset):
     """The training blocks of `shards`, epoch after epoch (an endless stream), resumable at any block.
 
     Args:
-        shards: where the documents come from (`minirope.training.documents`).
+        shards: where the documents come from (`minirope.data.documents`).
         tokenizer: tokenizes each document whole (in exact pieces) and frames it with bos/eos.
         block_size: tokens per block.
         seed: seeds the shard order, the shuffle windows and the repeats.

@@ -24,12 +24,12 @@ from huggingface_hub import ModelCard
 from torch.utils.data import DataLoader
 from trl import DistillationTrainer, DPOTrainer, GRPOTrainer
 
-from minirope.training.corpus import BUNDLED_CORPUS, bundled_shards
-from minirope.training.data import TextDataArguments, data_description, training_blocks
-from minirope.training.documents import Shard
-from minirope.training.output import OwnModelCard
-from minirope.training.posttraining.arguments import LM_COEF, SFT_LM_COEF, PosttrainArguments
-from minirope.training.sources import dataset_shards, file_shards
+from minirope.data.bundled import BUNDLED_CORPUS, bundled_shards
+from minirope.data.documents import Shard
+from minirope.data.pipeline import TextDataArguments, data_description, training_blocks
+from minirope.data.sources import dataset_shards, file_shards
+from minirope.output.card import OwnModelCard
+from minirope.posttraining.arguments import LM_COEF, SFT_LM_COEF, PosttrainArguments
 
 
 def trained_on(model_path: str) -> str | None:

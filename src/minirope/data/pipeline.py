@@ -1,12 +1,12 @@
 """The training commands' data flags, and the in-memory and streamed datasets built from the documents.
 
 A **document** is a whole text: one play of the bundled corpus, one `.txt` file, one record of a
-`.jsonl`/`.json`/`.parquet` file or one row of a `--dataset_name` dataset (`minirope.training.documents`).
+`.jsonl`/`.json`/`.parquet` file or one row of a `--dataset_name` dataset (`minirope.data.documents`).
 Each document is tokenized whole, exactly as `tokenizer(document)` tokenizes it (what `pipeline`,
 lm-evaluation-harness and llama.cpp do with a user's text), never line by line or speech by speech:
 byte-level BPE merges runs of newlines, so cutting the text first would change the tokens at every cut and
 teach the model sequences no user ever sends. Large documents are tokenized in exact pieces, and training
-blocks and validation windows come from `minirope.training.blocks`:
+blocks and validation windows come from `minirope.data.blocks`:
 
     training    <s> doc_1 </s> <s> doc_2 </s> ...   concatenated, cut into blocks of `block_size` tokens
     validation  <s> doc_i, alone, in windows of `block_size` tokens that overlap by one token, so that
@@ -18,7 +18,7 @@ the Trainer samples them in a random order; streamed (`--streaming`), the same b
 needs them (`BlockStream`), shuffled in a bounded window.
 
 The data flags (`TextDataArguments`) and the training blocks and validation windows built from the documents
-(`minirope.training.sources` finds them; `minirope.training.corpus` is the bundled corpus).
+(`minirope.data.sources` finds them; `minirope.data.bundled` is the bundled corpus).
 """
 
 from dataclasses import dataclass, field
@@ -28,11 +28,11 @@ import numpy as np
 from datasets import Dataset, DatasetDict
 from transformers import PreTrainedTokenizerBase
 
-from minirope.training.blocks import document_frame, document_windows, token_pieces
-from minirope.training.corpus import BUNDLED_CORPUS
-from minirope.training.documents import Shard
-from minirope.training.stream import BlockStream
-from minirope.training.tokenizer import TextPieces
+from minirope.data.blocks import document_frame, document_windows, token_pieces
+from minirope.data.bundled import BUNDLED_CORPUS
+from minirope.data.documents import Shard
+from minirope.data.stream import BlockStream
+from minirope.data.tokenizer import TextPieces
 
 
 @dataclass
@@ -65,7 +65,7 @@ class TextDataArguments:
         default=0.0,
         metadata={
             "help": "Share of training blocks in which a passage is repeated later in the block, to teach "
-            "copying from far back (see minirope.training.blocks.insert_repeats). Validation text is never changed."
+            "copying from far back (see minirope.data.blocks.insert_repeats). Validation text is never changed."
         },
     )
     repeat_length: int = field(default=64, metadata={"help": "Longest repeated passage, in tokens."})

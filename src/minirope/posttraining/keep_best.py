@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
-from minirope.training.posttraining.measures import GREEDY, reward_means, sample
+from minirope.posttraining.measures import GREEDY, reward_means, sample
 
 
 def held_out_score(model, tokenizer, held_out: Dataset, rewards: list, weights: list[float] | None, tokens: int,

@@ -25,12 +25,6 @@ def hub_repo(args: TrainingArguments) -> str:
     return args.hub_model_id or Path(args.output_dir).absolute().name
 
 
-def card_name(args: TrainingArguments) -> str:
-    """The name a model card loads the model by: the Hub repository's full id when the run pushes (`check_push` set
-    it), else the output folder's name."""
-    return args.hub_model_id if args.push_to_hub and args.hub_model_id else Path(args.output_dir).name
-
-
 def check_push(args: TrainingArguments) -> None:
     """With `--push_to_hub`, `check_write_access` for the run's repository (nothing is created or uploaded here), and
     `--hub_model_id` set to its full id (`namespace/name`): the one name the card, the resume and the push use.

@@ -1,15 +1,15 @@
 """Where a run's documents come from: `--train_file`/`--validation_file` files of one kind (text, prompt/completion
-records or conversations), a `--dataset_name` split, or the bundled plays, as shards (`minirope.training.documents`)."""
+records or conversations), a `--dataset_name` split, or the bundled plays, as shards (`minirope.data.documents`)."""
 
 from pathlib import Path
 
 from datasets import load_dataset
 
+from minirope.data.bundled import bundled_shards
+from minirope.data.documents import DatasetStream, Shard, Texts, expand_files
+from minirope.data.formats import file_shard, record_fields
+from minirope.data.pipeline import TextDataArguments
 from minirope.folders import first_line
-from minirope.training.corpus import bundled_shards
-from minirope.training.data import TextDataArguments
-from minirope.training.documents import DatasetStream, Shard, Texts, expand_files
-from minirope.training.records import file_shard, record_fields
 
 KIND_NAMES = {"text": "text", "prompt_completion": "prompt/completion records", "messages": "conversations"}
 

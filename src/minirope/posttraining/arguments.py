@@ -16,10 +16,10 @@ import yaml
 from transformers import HfArgumentParser
 from trl import DistillationConfig, DPOConfig, GRPOConfig, ModelConfig, ScriptArguments, TrlParser
 
+from minirope.data.documents import read_utf8
 from minirope.folders import first_line
+from minirope.posttraining.rewards import REJECTED_BY
 from minirope.training.arguments import LORA_TARGETS, parse_cli_args
-from minirope.training.documents import read_utf8
-from minirope.training.posttraining.rewards import REJECTED_BY
 
 METHODS = ("grpo", "dpo", "distill")
 LM_COEF = {"grpo": 0.5, "dpo": 1.0, "distill": 0.0}  # measured in docs/post_training.md

@@ -6,7 +6,7 @@ the training plays its first line too (`SPEAKER:\\n` or `SPEAKER:\\nline\\n`). T
 plays only; the measurement's prompts are headers of the validation plays, so a post-trained model is measured on
 speakers it was not tuned on.
 
-`verse_measure` scores the model's samples of the held-out headers (`minirope.training.posttraining.measures`): the
+`verse_measure` scores the model's samples of the held-out headers (`minirope.posttraining.measures`): the
 share of their lines that scan, that are iambic by stress and that are distinct, and how they get there: the share
 of scanning lines made of monosyllables only, and distinct words per word (a model that games the count writes
 strings of short common words).
@@ -16,8 +16,8 @@ import random
 from dataclasses import dataclass
 from functools import cache
 
+from minirope.data.bundled import shakespeare_dataset
 from minirope.rewards import LINES_PER_COMPLETION, is_iambic, polysyllables, scans, verse_lines, words_of
-from minirope.training.corpus import shakespeare_dataset
 
 
 def _speeches(play: str) -> list[tuple[str, list[str]]]:

@@ -4,10 +4,10 @@
 from datasets import Dataset, DatasetDict
 from transformers import PreTrainedTokenizerBase
 
+from minirope.data.blocks import IGNORE_INDEX
+from minirope.data.formats import records
+from minirope.data.supervised import keep_labelled
 from minirope.tokenizer_format import ROLES
-from minirope.training.metrics import IGNORE_INDEX
-from minirope.training.records import records
-from minirope.training.supervised import keep_labelled
 
 
 def check_conversation(messages, where: str) -> list[dict]:

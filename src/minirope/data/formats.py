@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from minirope.training.documents import (
+from minirope.data.documents import (
     Document,
     FileShard,
     Shard,

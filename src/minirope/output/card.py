@@ -1,0 +1,141 @@
+"""The model card every command writes (README.md, the Hub's model page): `model_card` (metadata with the measured
+validation metrics, how the model was trained, how to load it), the name it loads the model by (`card_name`) and the
+optimizer's line (`optimizer_description`); `OwnModelCard` keeps the Trainer's and TRL's own cards from overwriting
+it."""
+
+from pathlib import Path
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from transformers import PreTrainedConfig, TrainingArguments
+
+from minirope.folders import looks_local
+
+
+def card_name(args: TrainingArguments) -> str:
+    """The name a model card loads the model by: the Hub repository's full id when the run pushes (`check_push` set
+    it), else the output folder's name."""
+    return args.hub_model_id if args.push_to_hub and args.hub_model_id else Path(args.output_dir).name
+
+
+def model_card(
+    name: str,
+    config: PreTrainedConfig,
+    metrics: dict,
+    dataset: str | None,
+    how_trained: str,
+    *,
+    base_model: str | None = None,
+    methods: tuple[str, ...] = (),
+    adapter: bool = False,
+) -> ModelCard:
+    """A Hub model card (README.md): metadata with the measured validation metrics, and how to load the model.
+
+    `base_model` (the model the run started from) goes into the metadata, with the Hub's `base_model_relation`
+    (`adapter` for an adapter, else `finetune`), when it is a Hub id: a local folder means nothing on the Hub, and
+    the training text names it. `methods` are tags for how it was trained (`lora`, `dpo`, ...). `dataset` None (a
+    model not trained by this run, e.g. imported): no dataset and no evaluation section.
+    """
+    on_hub = base_model is not None and not looks_local(base_model)
+    results = [
+        EvalResult(
+            task_type="text-generation",
+            dataset_type=dataset,
+            dataset_name=dataset,
+            dataset_split="validation",
+            metric_type=metric,
+            metric_name=label,
+            metric_value=round(float(metrics[key]), 4),
+        )
+        for key, metric, label in (
+            ("eval_bits_per_byte", "bits_per_byte", "Validation bits per byte"),
+            ("eval_nats_per_token", "loss", "Validation loss (nats/token)"),
+            ("eval_perplexity", "perplexity", "Validation perplexity"),
+        )
+        if key in metrics
+    ]
+    data = ModelCardData(
+        model_name=name,
+        library_name="peft" if adapter else "transformers",
+        pipeline_tag="text-generation",
+        license="mit",
+        tags=["minirope", "rope", "llama", "causal-lm", "text-generation", *methods],
+        datasets=[dataset] if dataset else None,
+        base_model=base_model if on_hub else None,
+        base_model_relation=("adapter" if adapter else "finetune") if on_hub else None,
+        eval_results=results,
+    )
+    size = f"{config.num_hidden_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} heads"
+    rows = "\n".join(f"| {result.metric_name} | {result.metric_value} |" for result in results)
+    load = (
+        f'from peft import AutoPeftModelForCausalLM\nmodel = AutoPeftModelForCausalLM.from_pretrained("{name}")'
+        if adapter
+        else (
+            "# with minirope installed (pip install minirope):\n"
+            f'import minirope\nmodel = AutoModelForCausalLM.from_pretrained("{name}")\n'
+            "# without minirope: the folder ships its model code (the tokenizer loader reads the same config)\n"
+            f'tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)\n'
+            f'model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)'
+        )
+    )
+    evaluation = (
+        f"""## Evaluation (validation split of {dataset})
+
+| metric | value |
+|---|---|
+{rows}
+
+Bits per byte: each validation document tokenized whole (as `tokenizer(text)` does), every token
+predicted once in windows of the model's context; summed loss in nats / ln 2 / the document's UTF-8
+bytes (independent of the tokenizer). lm-evaluation-harness's `loglikelihood_rolling` computes the same.
+"""
+        if dataset
+        else ""
+    )
+    body = f"""
+# {name}
+
+A [minirope](https://pypi.org/project/minirope/) causal language model: a Llama-architecture decoder
+({size}, context {config.max_position_embeddings}, vocabulary {config.vocab_size}) with Rotary Position
+Embedding (RoFormer), `rope_parameters` = `{config.rope_parameters}`.
+
+## Training
+
+{how_trained}
+
+{evaluation}
+## Use
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+tokenizer = AutoTokenizer.from_pretrained("{name}")
+{load}
+inputs = tokenizer("ROMEO:\\n", return_tensors="pt")
+print(tokenizer.decode(model.generate(**inputs, max_new_tokens=100, do_sample=True)[0]))
+```
+
+The weights are named as in `LlamaForCausalLM`; `minirope.convert.to_llama` turns the model into a
+plain Llama checkpoint.
+"""
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
+
+
+class OwnModelCard:
+    """Trainer mixin: the card is minirope's (`model_card`, written by `finish_run` before the push); the Trainer's
+    and TRL's `create_model_card`, which `push_to_hub` and TRL's checkpoints call, would overwrite it."""
+
+    def create_model_card(self, *args, **kwargs) -> None:
+        """Leave the card `finish_run` wrote."""
+
+
+def optimizer_description(args: TrainingArguments) -> str:
+    """How the weights were updated, for model cards: `AdamW lr 0.003 (cosine, 40 warm-up steps), weight decay 0.1`,
+    or `Muon for the hidden matrices and AdamW for the rest, lr ...` with `--optim_hidden muon`."""
+    scheduler = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+    schedule = f"{scheduler} {args.lr_scheduler_kwargs}" if args.lr_scheduler_kwargs else scheduler
+    muon = getattr(args, "optim_hidden", "adamw") == "muon"
+    optimizer = "Muon for the hidden matrices and AdamW for the rest," if muon else "AdamW"
+    return (
+        f"{optimizer} lr {args.learning_rate} ({schedule}, {args.warmup_steps:g} warm-up steps), weight decay "
+        f"{args.weight_decay}"
+    )
