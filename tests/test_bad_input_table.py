@@ -77,6 +77,7 @@ def world(tiny_pretrained, tmp_path_factory) -> Path:
     (root / "folder").mkdir()
     rows = [{"prompt": "ROMEO:\n", "solution": "But"}] * 8
     DatasetDict({"train": Dataset.from_list(rows)}).save_to_disk(str(root / "problems"))
+    (root / "flat_rewards.py").write_text("def zero(completions, **kwargs):\n    return [0.0] * len(completions)\n")
     (root / "broken_rewards.py").write_text("undefined_name\n\ndef exact(completions, **kwargs):\n    return [0.0]\n")
     shutil.copytree(root / "model", root / "model-other", ignore=shutil.ignore_patterns("checkpoint-*"))
     summary = json.loads((root / "model-other" / "run_summary.json").read_text())
@@ -502,6 +503,21 @@ CASES = [
     (POSTTRAIN, [*GRPO, "--config", "{w}/bad.yaml"], "--config {w}/bad.yaml is not YAML"),
     (POSTTRAIN, [*GRPO, "--config", "{w}/unknown.yaml"], "unknown.yaml: max_stepz is not a flag of minirope-posttrain"),
     (POSTTRAIN, [*GRPO, "--dataset_streaming"], "--dataset_streaming: minirope-posttrain holds out"),
+    (
+        POSTTRAIN,
+        [
+            *GRPO,
+            "--dataset_name",
+            "{w}/problems",
+            "--reward_funcs",
+            "flat_rewards.zero",
+            "--sft_steps",
+            "0",
+            "--eval_samples_per_prompt",
+            "8",
+        ],
+        "GRPO would have nothing to learn from: every held-out prompt's 8 sampled completions score alike",
+    ),
     (POSTTRAIN, [*DPO, "--output_dir", "{w}/notes"], "or pass --overwrite_output_dir to write the run among them"),
 ]
 

@@ -481,6 +481,15 @@ def test_grpo_with_use_peft_and_merge_lora_false_saves_an_adapter_that_loads(tin
     assert not torch.allclose(expected, base)
 
 
+def test_alike_share_counts_the_prompts_whose_completions_all_score_alike_by_the_weighted_sum():
+    from minirope.posttraining.measures import alike_share
+
+    values = {"exact": [[0.0, 0.0], [1.0, 0.0], [None, 0.0]], "length": [[0.3, 0.3], [0.1, 0.1], [0.2, 0.5]]}
+    assert alike_share(values, None) == 1 / 3  # the first prompt alone: the third differs by length (None counts 0)
+    assert alike_share(values, [1.0, 0.0]) == 2 / 3  # length measured only: the third's exact values are 0 and 0
+    assert alike_share({}, None) is None
+
+
 def test_keep_best_restores_the_weights_of_the_best_measure(tiny_pretrained):
     """Scores 0.1 (start), 0.3, 0.2: the weights of the second measure are put back, and the line names its step."""
     from minirope.posttraining.keep_best import KeepBest

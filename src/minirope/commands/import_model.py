@@ -1,4 +1,4 @@
-"""`minirope-import`: a released Llama-architecture checkpoint as a minirope folder (the inverse of `minirope-export`).
+"""`minirope-import`: a released Llama-architecture checkpoint as a minirope folder (`minirope-export` backwards).
 
     minirope-import HuggingFaceTB/SmolLM2-135M-Instruct --output_dir smol            # a Hub id (--revision)
     minirope-import path/to/llama-folder --output_dir my-llama --dtype bfloat16     # a transformers folder

@@ -39,7 +39,7 @@ def run(argv: list[str] | None = None) -> dict:
     from minirope.posttraining.arguments import parse_args
     from minirope.posttraining.pairs import own_preference_pairs
     from minirope.posttraining.report import report
-    from minirope.posttraining.setup import build_trainer, final_weights, keep_best, measure, prepare
+    from minirope.posttraining.setup import build_trainer, check_signal, final_weights, keep_best, measure, prepare
     from minirope.posttraining.warm_start import warm_start
 
     args, config, model_args = parse_args(argv)
@@ -53,6 +53,7 @@ def run(argv: list[str] | None = None) -> dict:
         setup.model, warm_folder = warm_start(setup.model, setup.tokenizer, setup.warm, setup.corpus, args, config)
         print(f"[minirope] warm start: {args.warm_start_steps} steps of SFT on {setup.warm.source}")
         setup.warm.measured = measure(setup, args, config)
+    check_signal(setup.warm.measured if setup.warm else before, args)
     train = setup.data.train if setup.data.train is not None else own_preference_pairs(setup, args, config)
     start_weights = (  # kept only to interpolate with
         {name: param.detach().clone() for name, param in setup.model.named_parameters()}

@@ -1,9 +1,11 @@
-"""`minirope-posttrain`'s flags: `PosttrainArguments` (the method, the data as TRL's `ScriptArguments` names it, the
-rewards, the corpus term, the measures) and each method's TRL config, whose defaults minirope re-tunes for a CPU
-(the figures are in docs/post_training.md) while keeping TRL's help text for every flag (`retuned`).
+"""`minirope-posttrain`'s flags in TRL's script shape, `(ScriptArguments, the method's config, ModelConfig)` as
+`trl/scripts/grpo.py` parses them: `PosttrainArguments` (TRL's `ScriptArguments`, the data, extended by the task:
+the method, the rewards, the corpus term, the measures), each method's TRL config, whose defaults minirope re-tunes
+for a CPU while keeping TRL's help text (`retuned`; the figures are in docs/post_training.md and the study pages
+docs/verse_*.md), and `PosttrainModelConfig` (TRL's `ModelConfig`: the model, its dtype and attention, LoRA).
 
-`parse_args` reads `--method` with the argument parser first (from the command line, or the `method` key of a JSON
-arguments file), then parses everything into `PosttrainArguments` and that method's config.
+`parse_args` reads `--method` and whether data is given first (from the command line, a `--config` YAML file or a
+JSON arguments file), to choose the config class, then parses everything with TRL's `TrlParser`.
 """
 
 import json
@@ -22,18 +24,18 @@ from minirope.posttraining.rewards import REJECTED_BY
 from minirope.training.arguments import LORA_TARGETS, parse_cli_args
 
 METHODS = ("grpo", "dpo", "distill")
-LM_COEF = {"grpo": 0.5, "dpo": 1.0, "distill": 0.0}  # measured in docs/post_training.md
+LM_COEF = {"grpo": 0.5, "dpo": 1.0, "distill": 0.0}  # measured in docs/verse_*.md
 # the verse task's default rewards and their weights (grpo's and dpo's --reward_weights; distill measures grpo's),
-# measured in docs/post_training.md
+# measured in docs/verse_task.md
 VERSE_REWARDS = {
     "grpo": {"meter_reward": 1.0, "word_variety_reward": 1.5},
     "dpo": {"meter_reward": 1.0, "word_variety_reward": 1.5, "monosyllable_penalty": 1.0},
 }
-VERSE_REJECTED_BY = "first_reward"  # dpo's own pairs on the verse task, measured in docs/post_training.md
+VERSE_REJECTED_BY = "first_reward"  # dpo's own pairs on the verse task, measured in docs/verse_dpo.md
 OWN_PAIR_PROMPTS, VERSE_PROMPTS = 4096, 1024  # --num_prompts' defaults: dpo's own pairs' prompts, the verse task
-SFT_STEPS = {"grpo": 300, "dpo": 300, "distill": 0}  # the warm start, measured in docs/post_training.md
-SFT_BATCH_SIZE = 8  # the warm start's rows a step, measured in docs/post_training.md
-SFT_LM_COEF = 0.5  # the corpus term's weight during the warm start, measured in docs/post_training.md
+SFT_STEPS = {"grpo": 300, "dpo": 300, "distill": 0}  # the warm start, measured in docs/verse_history.md
+SFT_BATCH_SIZE = 8  # the warm start's rows a step, measured in docs/verse_history.md
+SFT_LM_COEF = 0.5  # the corpus term's weight during the warm start, docs/verse_*.md
 
 
 RENAMED_CHECKPOINTING = "activation_checkpointing" in {item.name for item in fields(GRPOConfig)}
@@ -187,6 +189,14 @@ class PosttrainArguments(ScriptArguments):
     weight_interpolation: float = field(
         default=1.0, metadata={"help": "Saved weights = start + a * (tuned - start), a in (0, 1] (WiSE-FT)."}
     )
+    require_reward_spread: bool = field(
+        default=True,
+        metadata={
+            "help": "grpo: refuse to train when every held-out prompt's sampled completions score alike (GRPO learns "
+            "only from the differences within a prompt's group, so its steps would change nothing); False trains "
+            "anyway."
+        },
+    )
     keep_last: bool = field(
         default=False,
         metadata={
@@ -323,7 +333,7 @@ class PosttrainModelConfig(ModelConfig):
 class CpuDefaults:
     """Defaults every method's TRL config takes here: float32 (TRL defaults to bf16: emulated and slow on CPUs without
     AVX512_BF16, 1.1x slower than float32 for the verse GRPO run on one with it, and no faster on an H200, where it
-    needs cuDNN's attention off: `minirope.training.precision.avoid_cudnn_attention`; docs/post_training.md), no
+    needs cuDNN's attention off: `minirope.training.precision.avoid_cudnn_attention`; docs/verse_history.md), no
     checkpoints (runs of minutes), a log line every 10 steps, no activation checkpointing (a model this small has
     nothing to save), and with `--push_to_hub` one push of the finished folder (`--hub_strategy end`)."""
 
@@ -346,14 +356,15 @@ class CpuDefaults:
     )
 
 
-# The methods' configs: learning rates, KL weights, steps and losses as measured in docs/post_training.md. GRPO's are
-# for the user's task (data given); the verse task's own tuned ones are `VerseGRPOConfig`'s.
+# The methods' configs: learning rates, KL weights, steps and losses as measured in docs/post_training.md and
+# docs/verse_*.md. GRPO's are for the user's task (data given); the verse task's own tuned ones are `VerseGRPOConfig`'s.
 @dataclass
 class PosttrainGRPOConfig(CpuDefaults, GRPOConfig):
     output_dir: str = retuned(GRPOConfig, "output_dir", "runs/minirope-grpo")
-    # On three tasks of one problem per line that are not verse (subtraction, the largest of three numbers, reversing
-    # letters), at two model sizes: the held-out exact match rose or held on each (docs/post_training.md, "GRPO's
-    # defaults on your task"); the verse task's learning rate (6e-4) and batch scaling made a user's task worse.
+    # On three tasks that are not verse (the largest of three numbers and reversing letters, each pretrained from one
+    # problem per line, and the arithmetic example's worksheets), at the default size: the held-out exact match rose on
+    # each, +14.5 to +60.7 points (docs/post_training.md, "GRPO's defaults on your task"); the verse task's learning
+    # rate (6e-4) and batch scaling had made a user's subtraction task worse (10.5 % -> 2.5 %).
     learning_rate: float = retuned(GRPOConfig, "learning_rate", 1e-4)
     beta: float = retuned(GRPOConfig, "beta", 0.0)
     num_generations: int | None = retuned(GRPOConfig, "num_generations", 16)
@@ -376,7 +387,7 @@ class PosttrainGRPOConfig(CpuDefaults, GRPOConfig):
 class VerseGRPOConfig(PosttrainGRPOConfig):
     """GRPO's defaults for the verse task (no data given), tuned on it: 16 completions a prompt, 2 prompts a step, 250
     steps, their advantages scaled by the batch's spread instead of each group's: 13 points more iambic lines over
-    three seeds, each within 0.9x the base's vocabulary, the GRPO steps in 0.8x the time (docs/post_training.md, "How
+    three seeds, each within 0.9x the base's vocabulary, the GRPO steps in 0.8x the time (docs/verse_grpo.md, "How
     GRPO scales its rewards")."""
 
     learning_rate: float = retuned(GRPOConfig, "learning_rate", 6e-4)
@@ -392,7 +403,7 @@ class PosttrainDPOConfig(CpuDefaults, DPOConfig):
     output_dir: str = retuned(DPOConfig, "output_dir", "runs/minirope-dpo")
     # TRL's own loss, `sigmoid` (with the corpus term at 1.0 and pairs rejecting the least metrical sample): on the
     # verse task, 3 points more iambic lines over three seeds than RPO (`sigmoid sft`), with more of the base's
-    # vocabulary and less drift (docs/post_training.md, "DPO's loss and pairs")
+    # vocabulary and less drift (docs/verse_dpo.md)
     learning_rate: float = retuned(DPOConfig, "learning_rate", 5e-5)
     beta: float = retuned(DPOConfig, "beta", 0.1)
     per_device_train_batch_size: int = retuned(DPOConfig, "per_device_train_batch_size", 8)

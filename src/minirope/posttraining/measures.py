@@ -95,16 +95,45 @@ def sample(
     return Samples(prompt_rows, per_prompt, completions, ids)
 
 
+def group_values(rewards: list, samples: Samples) -> dict[str, list[list[float | None]]]:
+    """Each reward's values, one list per prompt (its completions'), each reward called on one prompt's completions
+    at a time (`Samples.group`), as GRPO calls it on a group and the pairs rank one: a reward that scores a completion
+    against the others it is called with (word variety) reads the same scale here as in training, whatever the number
+    of prompts measured."""
+    groups = [samples.group(index) for index in range(len(samples.prompt_rows))]
+    return {reward_name(reward): [call_reward(reward, *group) for group in groups] for reward in rewards}
+
+
 def reward_means(rewards: list, samples: Samples) -> dict[str, float | None]:
-    """Each reward's mean over `samples`, `None` values (TRL's "does not apply") left out; None if all are. Each
-    reward is called on one prompt's completions at a time (`Samples.group`), as GRPO calls it on a group and the
-    pairs rank one: a reward that scores a completion against the others it is called with (word variety) reads the
-    same scale here as in training, whatever the number of prompts measured."""
-    means, groups = {}, [samples.group(index) for index in range(len(samples.prompt_rows))]
-    for reward in rewards:
-        values = [value for group in groups for value in call_reward(reward, *group) if value is not None]
-        means[reward_name(reward)] = sum(values) / len(values) if values else None
-    return means
+    """Each reward's mean over `samples` (`group_values`), `None` values (TRL's "does not apply") left out; None if
+    all are."""
+    return {name: means(groups) for name, groups in group_values(rewards, samples).items()}
+
+
+def means(groups: list[list[float | None]]) -> float | None:
+    values = [value for group in groups for value in group if value is not None]
+    return sum(values) / len(values) if values else None
+
+
+def alike_share(values: dict[str, list[list[float | None]]], weights: list[float] | None) -> float | None:
+    """The share of prompts whose completions all score alike by the weighted sum of the rewards (None counts 0), as
+    GRPO sums them: groups that give GRPO's advantage nothing to learn from (TRL logs it as `frac_reward_zero_std`).
+    None without rewards or prompts."""
+    if not values:
+        return None
+    weights = weights if weights is not None else [1.0] * len(values)
+    per_reward = list(values.values())
+    alike = [
+        len(
+            {
+                round(sum(w * (group[k] or 0.0) for w, group in zip(weights, groups, strict=True)), 9)
+                for k in range(len(groups[0]))
+            }
+        )
+        == 1  # fmt: skip
+        for groups in zip(*per_reward, strict=True)
+    ]
+    return sum(alike) / len(alike) if alike else None
 
 
 def bits_per_byte(model, tokenizer, shards: list[Shard], run: TrainingArguments | None = None) -> float:
@@ -134,6 +163,7 @@ class TaskMeasure:
     bits_per_byte: float | None
     verse: VerseMeasure | None
     samples: list[dict] = field(default_factory=list)
+    alike_share: float | None = None  # prompts whose sampled completions all score alike (`alike_share`)
 
     def as_dict(self) -> dict:
         return {
@@ -142,6 +172,7 @@ class TaskMeasure:
             "rewards_sampled": self.sampled,
             "distinct_completions_share": self.distinct_share,
             "validation_bits_per_byte": self.bits_per_byte,
+            "prompts_with_alike_samples_share": self.alike_share,
             **(self.verse.as_dict() if self.verse else {}),
         }
 
@@ -176,12 +207,14 @@ def measure_task(model, tokenizer, held_out: Dataset, rewards: list, args, confi
         }
         for index, row in enumerate(held_out.to_list()[:16])
     ]
+    values = group_values(rewards, sampled)
     return TaskMeasure(
         prompts=len(held_out),
         greedy=reward_means(rewards, greedy),
-        sampled=reward_means(rewards, sampled),
+        sampled={name: means(groups) for name, groups in values.items()},
         distinct_share=len(set(texts)) / max(1, len(texts)),
         bits_per_byte=bits_per_byte(model, tokenizer, text, config) if text else None,
         verse=verse_measure(texts) if verse else None,
         samples=examples,
+        alike_share=alike_share(values, getattr(config, "reward_weights", None)) if per_prompt > 1 else None,
     )

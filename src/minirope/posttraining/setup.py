@@ -129,6 +129,36 @@ def measure(setup: Setup, args, config):
     return measured
 
 
+SIGNAL_SAMPLES = 8  # fewer samples of a prompt score alike by chance on a task the model sometimes gets right
+
+
+def check_signal(measured, args) -> None:
+    """GRPO's advantage is a completion's reward against the other completions of its prompt: a group whose
+    completions all score alike teaches nothing (TRL's `frac_reward_zero_std`). From the measures just taken
+    (`TaskMeasure.alike_share`, the `--eval_samples_per_prompt` samples of each held-out prompt, when there are at
+    least `SIGNAL_SAMPLES`), print the share of such prompts when at least half are, before any GRPO step.
+
+    Raises:
+        ValueError: every held-out prompt's samples score alike (unless `--require_reward_spread False`), naming the
+            flags that give the run something to learn from.
+    """
+    share = measured.alike_share
+    if args.method != "grpo" or share is None or args.eval_samples_per_prompt < SIGNAL_SAMPLES:
+        return
+    if share == 1 and args.require_reward_spread:
+        raise ValueError(
+            f"GRPO would have nothing to learn from: every held-out prompt's {args.eval_samples_per_prompt} sampled "
+            f"completions score alike by the rewards ({measured.prompts} prompts measured; GRPO learns from the "
+            f"differences within a prompt's group), so no step would change the model. Give the model a start on the "
+            f"task (--sft_train_file with prompt/completion rows of answers, --sft_steps N), a reward with partial "
+            f"credit, or more --num_generations and a higher --temperature; --require_reward_spread False trains "
+            f"anyway. Nothing was written."
+        )
+    if share >= 0.5:
+        print(f"[minirope] {share:.0%} of the held-out prompts' samples all score alike: GRPO learns only from the "
+              f"other prompts' groups (TRL logs the share of such groups as frac_reward_zero_std)")  # fmt: skip
+
+
 def keep_best(setup: Setup, args, config, before) -> KeepBest | None:
     """The `KeepBest` callback of the run: the held-out score of the rewards (weighted by `--reward_weights`), greedy,
     every `--eval_steps`; the starting model's score taken from the `before` measures (the same completions). None

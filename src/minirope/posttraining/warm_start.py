@@ -5,11 +5,11 @@ on demonstrations before its RL (Ouyang et al. 2022, step 1) and DeepSeek-R1 sta
 SFT formats: `text`, `prompt`/`completion` or `messages`; a `.txt` file is one `text` row), or, for the verse task,
 on the training plays cut to their iambic lines with a word of two or more syllables (`verse.iambic_plays`): text
 the reward pays for, in the plays' own words, so the method starts from a model that already writes more of it
-without the narrowing a reward alone brings (docs/post_training.md measures both). Text rows are packed into blocks
+without the narrowing a reward alone brings (docs/verse_history.md measures both). Text rows are packed into blocks
 of the model's context ("wrapped"), as `minirope-finetune` packs plain text. The run's corpus term
 (`corpus.CorpusTerm`, on `--lm_coef`'s text) takes part in every warm-start update too, weighted `--sft_lm_coef`
 (0.5 by default), so that demonstrations narrower than the pretraining text cost less of it (measured in
-docs/post_training.md: on the verse task, less than half the drift in bits per byte: +0.016 against +0.037).
+docs/verse_history.md: on the verse task, less than half the drift in bits per byte: +0.016 against +0.037).
 
 The warm-started model is saved to a temporary folder and loaded back from it: TRL's GRPO (with a KL term) and DPO load
 their reference model from the path the model's config names, so the reference is the warm-started model, the one
