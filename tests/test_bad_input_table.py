@@ -488,8 +488,8 @@ CASES = [
     (POSTTRAIN, [*GRPO, "--output_dir", "{model}"], "--output_dir {model} is --model_name_or_path"),
     (
         POSTTRAIN,
-        [*GRPO, "--use_peft"],
-        "--use_peft trains a LoRA adapter on the model of --model_name_or_path, and the",
+        [*GRPO, "--use_peft", "--merge_lora", "False"],
+        "--merge_lora False saves the LoRA adapter alone, for the model of --model_name_or_path, and the warm start",
     ),
     (POSTTRAIN, [*GRPO, "--use_peft", "--load_in_4bit"], "--load_in_4bit/--load_in_8bit (bitsandbytes QLoRA) are not"),
     (POSTTRAIN, [*GRPO, "--use_peft", "--lora_r", "0"], "LoRA needs --lora_r >= 1"),

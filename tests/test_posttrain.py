@@ -458,6 +458,24 @@ def test_grpo_with_use_peft_from_a_yaml_config_trains_lora_and_keeps_the_start_w
     loads_and_generates(out)
 
 
+def test_lora_after_a_warm_start_that_gains_nothing_writes_the_model_the_run_started_from(
+    tiny_pretrained, tmp_path, monkeypatch
+):
+    """The warm start (full SFT on the task's answers) moves every weight, then GRPO trains a LoRA adapter; when no
+    measure beats the start, the folder holds the weights of --model_name_or_path itself, not the warm-started ones."""
+    monkeypatch.setattr(setup, "held_out_score", lambda *args: -1.0)
+    demonstrations = tmp_path / "answers.jsonl"
+    demonstrations.write_text("".join(json.dumps({"prompt": f"{name}:\n", "completion": f"{name[:2].lower()}\n"}) + "\n"
+                                      for name in ("ROMEO", "JULIET", "HAMLET") * 4))  # fmt: skip
+    out = tmp_path / "lora-warm"
+    run_summary = posttrain.run([*user_task(tmp_path, monkeypatch), "--model_name_or_path", str(tiny_pretrained),
+                                 "--output_dir", str(out), "--use_peft", "--sft_train_file", str(demonstrations),
+                                 "--sft_steps", "2"])  # fmt: skip
+    assert run_summary["warm_start"]["steps"] == 2 and run_summary["kept"]["kept_step"] == 0
+    start, written = load_file(tiny_pretrained / "model.safetensors"), load_file(out / "model.safetensors")
+    assert all(torch.equal(written[name], start[name]) for name in start)
+
+
 def test_grpo_with_use_peft_and_merge_lora_false_saves_an_adapter_that_loads(tiny_pretrained, tmp_path, monkeypatch):
     """`--merge_lora False`: the adapter alone (peft's folder), trained (its B matrices no longer zero), loading with
     `AutoModelForCausalLM` onto the base model it names, and scoring as the run measured it."""

@@ -5,9 +5,10 @@ last step, `KeepBest` (a `TrainerCallback`, so the loop stays TRL's) scores the 
 greedy completion per prompt, each reward called as TRL calls it, their means weighted by `--reward_weights` and
 summed (for a task with one right answer and one reward: the held-out exact-match accuracy). The starting model is
 scored first (step 0). After training, `restore_best` puts the best-scoring weights back (the trainable ones: the
-adapter's with LoRA), so the folder written is never below the model the run started from on that score, unless
-`--keep_last` is given; and `Selection.line` says in one line which step was kept, and when no step beat the start,
-that nothing was gained and what to change. The same selection for GRPO, DPO and distillation, as the Trainer's
+adapter's for a later step of a LoRA run; for its start, the whole model's, once the adapter is merged), so the
+folder written is never below the model the run started from on that score, unless `--keep_last` is given; and
+`Selection.line` says in one line which step was kept, and when no step beat the start, that nothing was gained and
+what to change. The same selection for GRPO, DPO and distillation, as the Trainer's
 `load_best_model_at_end` would make it, without writing a checkpoint per measure.
 """
 
@@ -172,6 +173,11 @@ class KeepBest(TrainerCallback):
         history = json.loads((folder / HISTORY).read_text())
         self.selection.history = [*self.selection.history[:1], *[entry for entry in history if entry["step"] > 0]]
         self.best_weights = load_file(folder / BEST_WEIGHTS)
+
+    def fits(self, model) -> bool:
+        """Whether the kept weights are `model`'s, by name: a LoRA run's later steps keep the adapter's weights (the
+        wrapped model's names), its start the whole model's (the names of the model the adapter is merged back into)."""
+        return set(self.best_weights) <= {name for name, _ in model.named_parameters()}
 
     @torch.no_grad()
     def restore_best(self, model) -> Selection:

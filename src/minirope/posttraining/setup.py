@@ -57,10 +57,10 @@ def prepare(args, config, model_args) -> Setup:
         raise ValueError(f"--sft_train_file is read by a warm start, and --method {args.method} has none here "
                          f"(--sft_steps {args.warm_start_steps}): give --sft_steps N to warm-start on it, or drop "
                          f"--sft_train_file.")  # fmt: skip
-    if model_args.use_peft and args.warm_start_steps:
-        raise ValueError(f"--use_peft trains a LoRA adapter on the model of --model_name_or_path, and the warm start "
-                         f"(--sft_steps {args.warm_start_steps}) fine-tunes all its weights first: give --sft_steps 0, "
-                         f"or drop --use_peft.")  # fmt: skip
+    if model_args.use_peft and not model_args.merge_lora and args.warm_start_steps:
+        raise ValueError(f"--merge_lora False saves the LoRA adapter alone, for the model of --model_name_or_path, "
+                         f"and the warm start (--sft_steps {args.warm_start_steps}) changes that model first: drop "
+                         f"--merge_lora False (the merged weights are saved), or give --sft_steps 0.")  # fmt: skip
     if model_args.use_peft and not model_args.merge_lora and args.weight_interpolation < 1:
         raise ValueError("--weight_interpolation mixes the saved weights with the starting ones, and --merge_lora "
                          "False saves the adapter alone: drop one of the two.")  # fmt: skip
@@ -172,7 +172,8 @@ def keep_best(setup: Setup, args, config, before) -> KeepBest | None:
         config.eval_steps,
         keep_last=args.keep_last,
     )
-    keep.start(weighted_sum(before.greedy, weights), None if setup.model_args.use_peft else setup.model)
+    adapter_only = setup.model_args.use_peft and not setup.model_args.merge_lora  # its start: the adapter's first
+    keep.start(weighted_sum(before.greedy, weights), None if adapter_only else setup.model)
     keep.resume(setup.resume)
     return keep
 
@@ -206,10 +207,13 @@ def final_weights(trainer, keep: KeepBest | None, setup: Setup, args, start_weig
     """After training: the best-scoring weights put back (`KeepBest`; the last without rewards or with
     `--keep_last`), a LoRA adapter merged (unless `--merge_lora False`), the weights interpolated with the start
     (`--weight_interpolation`); `setup.model` becomes the model to save. The selection made."""
-    state = trainer.state
-    selection = keep.restore_best(trainer.model) if keep else Selection(kept_step=state.global_step, keep_last=True)
+    selection = Selection(kept_step=trainer.state.global_step, keep_last=True) if keep is None else None
+    if keep is not None and keep.fits(trainer.model):  # every weight, or a LoRA adapter's
+        selection = keep.restore_best(trainer.model)
     if setup.model_args.use_peft and setup.model_args.merge_lora:
         trainer.model = trainer.model.merge_and_unload()
+    if selection is None:  # a LoRA run whose start scored best: the starting model's weights, into the merged model
+        selection = keep.restore_best(trainer.model)
     interpolate_weights(trainer.model, start_weights, args.weight_interpolation)
     setup.model = trainer.model
     return selection
