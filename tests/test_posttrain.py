@@ -182,6 +182,28 @@ def test_dpo_trains_on_a_preference_file(tiny_post, tiny_pretrained, tmp_path):
     assert any("rewards/chosen" in entry for entry in logged)  # DPO's implicit rewards: TRL's loop ran
 
 
+def test_dpo_and_distillation_train_a_lora_adapter_with_use_peft(tiny_post, tiny_pretrained, tmp_path):
+    """`--use_peft` reaches DPO's and distillation's TRL trainers too: the merged folder loads, differs from the base
+    (the trained weights are kept: `--keep_last`), and says LoRA in its summary."""
+    pairs = tmp_path / "pairs.jsonl"
+    row = {"prompt": "ROMEO:\n", "chosen": "But soft, what light through yonder window breaks?\n", "rejected": "No.\n"}
+    pairs.write_text("".join(json.dumps(row) + "\n" for _ in range(4)))
+    start = load_file(tiny_pretrained / "model.safetensors")
+    for method, flags in (
+        ("dpo", ["--train_file", str(pairs), "--per_device_train_batch_size", "2", "--max_length", "32"]),
+        ("distill", ["--teacher_model_name_or_path", str(tmp_path / "dpo"), "--max_completion_length", "8",
+                     "--per_device_train_batch_size", "2"]),  # the teacher: the DPO-tuned model, one tokenizer
+    ):  # fmt: skip
+        out = tmp_path / method
+        posttrain.run(["--method", method, "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out),
+                       *tiny_post, "--sft_steps", "0", "--use_peft", "--lora_r", "4", "--learning_rate", "1e-2",
+                       *flags])  # fmt: skip
+        loads_and_generates(out)
+        written = load_file(out / "model.safetensors")
+        assert written.keys() == start.keys() and summary(out)["training"] == "LoRA r=4, alpha 32 (merged)", method
+        assert not all(torch.equal(written[name], start[name]) for name in start), method
+
+
 def test_distillation_from_a_teacher_writes_a_model_that_loads(tiny_post, tiny_pretrained, tmp_path):
     out = tmp_path / "distill"
     posttrain.run([
