@@ -321,11 +321,17 @@ class PosttrainModelConfig(ModelConfig):
             return "full"
         return f"LoRA r={self.lora_r}, alpha {self.lora_alpha}" + (" (merged)" if self.merge_lora else " adapter")
 
+    @property
+    def saves_adapter(self) -> bool:
+        """`--use_peft --merge_lora False`: the folder holds the LoRA adapter alone."""
+        return self.use_peft and not self.merge_lora
+
     def init_kwargs(self) -> dict:
-        """`from_pretrained`'s keyword arguments for the model (and for the reference model TRL loads from its id):
-        the revision, the dtype and the attention implementation, as `trl/scripts/grpo.py` builds them."""
+        """`from_pretrained`'s keyword arguments for the model and the teacher besides the revision: the dtype and
+        the attention implementation, as `trl/scripts/grpo.py` builds them (TRL gives its reference model the
+        model's own)."""
         dtype = self.dtype if self.dtype in (None, "auto") else getattr(torch, self.dtype)
-        kwargs = {"revision": self.model_revision, "dtype": dtype, "attn_implementation": self.attn_implementation}
+        kwargs = {"dtype": dtype, "attn_implementation": self.attn_implementation}
         return {key: value for key, value in kwargs.items() if value is not None}
 
 

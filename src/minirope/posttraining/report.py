@@ -67,7 +67,7 @@ def report(trainer, setup, args, before, after, train_metrics: dict, selection) 
         "gained": gained,
         "samples": [{"before": b, "after": a} for b, a in zip(before.samples, after.samples, strict=True)],
     }
-    adapter = setup.model_args.use_peft and not setup.model_args.merge_lora
+    adapter = setup.model_args.saves_adapter
     what = {"grpo": f"TRL's GRPOTrainer with {', '.join(summary['reward_funcs'])}", "dpo": "TRL's DPOTrainer",
             "distill": f"TRL's DistillationTrainer from `{summary['teacher']}`"}[args.method]  # fmt: skip
     warmed = (

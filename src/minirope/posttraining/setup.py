@@ -57,11 +57,11 @@ def prepare(args, config, model_args) -> Setup:
         raise ValueError(f"--sft_train_file is read by a warm start, and --method {args.method} has none here "
                          f"(--sft_steps {args.warm_start_steps}): give --sft_steps N to warm-start on it, or drop "
                          f"--sft_train_file.")  # fmt: skip
-    if model_args.use_peft and not model_args.merge_lora and args.warm_start_steps:
+    if model_args.saves_adapter and args.warm_start_steps:
         raise ValueError(f"--merge_lora False saves the LoRA adapter alone, for the model of --model_name_or_path, "
                          f"and the warm start (--sft_steps {args.warm_start_steps}) changes that model first: drop "
                          f"--merge_lora False (the merged weights are saved), or give --sft_steps 0.")  # fmt: skip
-    if model_args.use_peft and not model_args.merge_lora and args.weight_interpolation < 1:
+    if model_args.saves_adapter and args.weight_interpolation < 1:
         raise ValueError("--weight_interpolation mixes the saved weights with the starting ones, and --merge_lora "
                          "False saves the adapter alone: drop one of the two.")  # fmt: skip
     inputs = {"--model_name_or_path": model_args.model_name_or_path, "--teacher_model_name_or_path": teacher_path}
@@ -87,8 +87,7 @@ def prepare(args, config, model_args) -> Setup:
     corpus = corpus_of(args, model_args.model_name_or_path)
     check_corpus_term(corpus, config)
     warm = demonstrations(args, data.verse) if args.warm_start_steps else None
-    trust, kwargs = config.trust_remote_code, model_args.init_kwargs()
-    revision = kwargs.pop("revision")
+    trust, kwargs, revision = config.trust_remote_code, model_args.init_kwargs(), model_args.model_revision
     model, tokenizer = load_causal_lm(ModelArguments(model_args.model_name_or_path, trust, revision), **kwargs)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     check_chat_template(data, tokenizer)
@@ -172,8 +171,8 @@ def keep_best(setup: Setup, args, config, before) -> KeepBest | None:
         config.eval_steps,
         keep_last=args.keep_last,
     )
-    adapter_only = setup.model_args.use_peft and not setup.model_args.merge_lora  # its start: the adapter's first
-    keep.start(weighted_sum(before.greedy, weights), None if adapter_only else setup.model)
+    # an adapter saved alone starts from the adapter's first weights, taken when training begins
+    keep.start(weighted_sum(before.greedy, weights), None if setup.model_args.saves_adapter else setup.model)
     keep.resume(setup.resume)
     return keep
 
