@@ -148,7 +148,7 @@ def run_command(command: str, servers: contextlib.ExitStack, workspace: Path) ->
         if name == "posttrain":
             from minirope.posttraining.arguments import preparse
 
-            small = [*small, *SMALL_POSTTRAIN[preparse(words[1:]).method]]
+            small = [*small, *SMALL_POSTTRAIN[preparse(words[1:], {}).method]]
             if not {"--dataset_name", "--train_file"} & set(words):  # the verse task: a short warm start
                 small = [*small, "--sft_steps", "2"]
         if "--push_to_hub" in words or any(word.startswith(f"{HUB_USER}/") for word in words):

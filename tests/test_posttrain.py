@@ -570,21 +570,39 @@ def test_a_killed_grpo_run_resumes_from_its_checkpoint_to_the_uninterrupted_weig
     assert got["kept"] == want["kept"] and got["steps"] == want["steps"] == 4
 
 
+@pytest.mark.parametrize("method", ["grpo", "dpo"])
 def test_the_corpus_term_gives_the_same_update_with_gradient_accumulation(
-    tiny_post, tiny_pretrained, tmp_path, monkeypatch
+    method, tiny_post, tiny_pretrained, tmp_path, monkeypatch
 ):
-    """With every reward equal, GRPO's advantages and so its policy gradient are zero, and beta 0 drops the KL term:
-    a plain SGD step (no clipping) then moves the weights by the corpus term alone. 4 blocks in one micro-batch
-    and 2 + 2 over two accumulated micro-batches must give the same step (TRL 1.16's GRPO scales its own loss for
+    """The method's own gradient is made zero, so a plain SGD step (no clipping) moves the weights by the corpus term
+    alone: GRPO with every reward equal (zero advantages) and beta 0 (no KL term); DPO on pairs whose chosen and
+    rejected completions are the same text (the log-ratio margin and its gradient are 0). 4 blocks in one micro-batch
+    and 2 + 2 over two accumulated micro-batches must give the same step (TRL 1.16's trainers scale their own loss for
     accumulation inside compute_loss; a term added there would have weighed twice as much)."""
     (tmp_path / "flat.py").write_text("def flat(completions, **kwargs):\n    return [1.0] * len(completions)\n")
     monkeypatch.chdir(tmp_path)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(shakespeare_dataset()["validation"]["text"][0][:6000])
+    pairs = tmp_path / "pairs.jsonl"
+    line = "But soft, what light through yonder window breaks?\n"
+    pairs.write_text("".join(json.dumps({"prompt": f"ROMEO {i}:\n", "chosen": line, "rejected": line}) + "\n"
+                             for i in range(8)))  # fmt: skip
+    own = {
+        "grpo": [
+            "--reward_funcs",
+            "flat.flat",
+            "--beta",
+            "0",
+            "--num_generations",
+            "2",
+            "--max_completion_length",
+            "8",
+        ],
+        "dpo": ["--train_file", str(pairs), "--max_length", "32"],
+    }[method]
     common = [
-        "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), *tiny_post, "--max_steps", "1",
-        "--reward_funcs", "flat.flat", "--beta", "0", "--optim", "sgd", "--learning_rate", "1", "--max_grad_norm", "0",
-        "--lr_scheduler_type", "constant", "--num_generations", "2", "--max_completion_length", "8",
+        "--method", method, "--model_name_or_path", str(tiny_pretrained), *tiny_post, "--max_steps", "1", *own,
+        "--optim", "sgd", "--learning_rate", "1", "--max_grad_norm", "0", "--lr_scheduler_type", "constant",
         "--lm_train_file", str(corpus), "--lm_coef", "1", "--sft_steps", "0",
     ]  # fmt: skip
     runs = {

@@ -40,7 +40,7 @@ from minirope.data.pipeline import (
     hold_out,
     tokenize_and_block,
 )
-from minirope.data.sources import data_kind, file_shards, text_sources
+from minirope.data.sources import data_kind, file_shards, open_dataset, text_sources
 from minirope.data.supervised import load_prompt_completion, prompt_completion_examples
 from minirope.data.tokenizer import add_chat_template
 from minirope.folders import ModelArguments, check_output, load_causal_lm
@@ -52,6 +52,7 @@ from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.precision import avoid_cudnn_attention
 from minirope.training.trainer import MiniRopeTrainer, final_evaluation
 
+DEFAULT_BLOCK = 256
 METRICS = ("eval_nats_per_token", "eval_perplexity", "eval_bits_per_byte")
 
 
@@ -113,7 +114,7 @@ def held_out(raw: DatasetDict, data_args: FinetuneDataArguments, what: str) -> D
 def data_kind_and_dataset(data_args: FinetuneDataArguments) -> tuple[str, object]:
     """What the data holds, "text", "prompt_completion" or "messages" (`data_kind` for files; a `--dataset_name`
     dataset with a `messages` column and no `--text_column` is "messages"), and the `--dataset_name` dataset loaded
-    with `datasets.load_dataset` (None without one).
+    with `open_dataset` (None without one).
 
     Raises:
         ValueError: a --validation_file without a --train_file, files of mixed kinds or records of none
@@ -126,9 +127,7 @@ def data_kind_and_dataset(data_args: FinetuneDataArguments) -> tuple[str, object
         return data_kind(files, data_args.text_column), None
     if not data_args.dataset_name or data_args.play:
         return "text", None
-    from datasets import load_dataset
-
-    dataset = load_dataset(data_args.dataset_name, data_args.dataset_config_name)
+    dataset = open_dataset(data_args.dataset_name, data_args.dataset_config_name, "--train_file/--validation_file")
     columns = dataset.column_names["train"]
     return ("messages" if "messages" in columns and data_args.text_column not in columns else "text"), dataset
 
@@ -220,7 +219,10 @@ def run(argv: list[str] | None = None) -> dict:
         start.output_dir, model.config, overwrite=training_args.overwrite_output_dir, resuming=start.resume is not None
     )
     check_resume(start.resume, model.config, training_args.max_steps)
-    data_args.block_size = data_args.block_size or model.config.max_position_embeddings
+    # Without --block_size, the model's context up to 256 tokens (run_clm.py caps it at 1,024): a released model's
+    # 8,192 (SmolLM2's) in batches of 16 needed more than 24 GB on the CPU and made a handful of steps of a play;
+    # 16 x 256 tokens a step take SmolLM2-135M's LoRA fine-tune in about 6 GB.
+    data_args.block_size = data_args.block_size or min(DEFAULT_BLOCK, model.config.max_position_embeddings)
     if data_args.block_size > model.config.max_position_embeddings:
         raise ValueError(
             f"--block_size {data_args.block_size} is longer than the model's context "

@@ -55,7 +55,10 @@ class TextDataArguments:
     dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration name."})
     text_column: str = field(default="text", metadata={"help": "The text field of records and dataset rows."})
     block_size: int | None = field(
-        default=None, metadata={"help": "Tokens per sequence; default the model's max_position_embeddings."}
+        default=None,
+        metadata={
+            "help": "Tokens per sequence; default the model's max_position_embeddings (fine-tuning: at most 256)."
+        },
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only this many training sequences."})
     max_eval_samples: int | None = field(
@@ -94,8 +97,17 @@ class HeldOutArguments:
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 1 <= self.validation_split_percentage <= 50:
-            raise ValueError(f"--validation_split_percentage must be in 1..50, got {self.validation_split_percentage}.")
+        check_percentage(self.validation_split_percentage)
+
+
+def check_percentage(percentage: int) -> None:
+    """Refuse a `--validation_split_percentage` outside 1..50 (every command's held-out share).
+
+    Raises:
+        ValueError: naming the value.
+    """
+    if not 1 <= percentage <= 50:
+        raise ValueError(f"--validation_split_percentage must be in 1..50, got {percentage}.")
 
 
 def data_description(args: TextDataArguments) -> str:
@@ -141,19 +153,20 @@ def first_rows(rows: Dataset, limit: int | None) -> Dataset:
     return rows if limit is None else rows.select(range(min(len(rows), limit)))
 
 
-def hold_out(rows: Dataset, percentage: int, what: str) -> DatasetDict:
+def hold_out(rows: Dataset, percentage: int, what: str, source: str = "--train_file") -> DatasetDict:
     """`{"train", "validation"}` of `rows`: the first `percentage` % (at least one row) held out for validation, the
     rest for training, as transformers' `run_clm.py` splits `train[:N%]` / `train[N%:]` for its
     `--validation_split_percentage`. No row is in both.
 
     Raises:
-        ValueError: fewer than two rows of `what` (nothing would be left to train on).
+        ValueError: fewer than two rows of `what` in `source` (the flag that gave them; nothing would be left to
+            train on).
     """
     held = max(1, round(len(rows) * percentage / 100))
     if len(rows) - held < 1:
         raise ValueError(
-            f"--train_file has too few {what} ({len(rows)}) to hold out {percentage} % for validation: give more "
-            f"data or a --validation_file."
+            f"{source} has too few {what} ({len(rows)}) to hold out {percentage} % for validation: give more "
+            f"data or held-out rows of their own."
         )
     return DatasetDict({"train": rows.select(range(held, len(rows))), "validation": rows.select(range(held))})
 

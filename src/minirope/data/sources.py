@@ -3,7 +3,7 @@ records or conversations), a `--dataset_name` split, or the bundled plays, as sh
 
 from pathlib import Path
 
-from datasets import load_dataset
+from datasets import DatasetDict, IterableDatasetDict, load_dataset, load_from_disk
 
 from minirope.data.bundled import bundled_shards
 from minirope.data.documents import DatasetStream, Shard, Texts, expand_files
@@ -51,24 +51,41 @@ def dataset_not_found(name: str, error: FileNotFoundError, instead: str) -> File
     )
 
 
+def open_dataset(name: str, config: str | None, instead: str, streaming: bool = False):
+    """The one opener of every `--dataset_name` (and `--lm_dataset_name`): a folder written by `save_to_disk`, or
+    whatever `datasets.load_dataset` loads (a folder of data files, a Hub id), as a `DatasetDict` of its splits (an
+    `IterableDatasetDict` with `streaming=True`; a saved folder's splits are read as iterable datasets).
+
+    Raises:
+        FileNotFoundError: neither (the first line of `datasets`' reason, and the flags to give `instead`).
+    """
+    folder = Path(name)
+    if (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file():
+        dataset = load_from_disk(str(folder))
+        dataset = dataset if isinstance(dataset, DatasetDict) else DatasetDict({"train": dataset})
+        if streaming:
+            return IterableDatasetDict({split: rows.to_iterable_dataset() for split, rows in dataset.items()})
+        return dataset
+    try:
+        return load_dataset(name, config, streaming=streaming)
+    except FileNotFoundError as error:
+        raise dataset_not_found(name, error, instead) from None
+
+
 def dataset_shards(args: TextDataArguments, split: str, streaming: bool = False) -> list[Shard]:
-    """The `split` of `--dataset_name` as one shard: streamed with `datasets` (`streaming=True`), or loaded.
+    """The `split` of `--dataset_name` as one shard (`open_dataset`): streamed (`streaming=True`), or loaded.
 
     Raises:
         ValueError: the dataset has no such split or no `--text_column`.
     """
     name = args.dataset_name
-    try:
-        dataset = load_dataset(name, args.dataset_config_name, split=split, streaming=streaming)
-    except FileNotFoundError as error:
-        raise dataset_not_found(name, error, "--train_file/--validation_file") from None
-    except ValueError as error:
-        if "split" not in str(error).lower():
-            raise
+    splits = open_dataset(name, args.dataset_config_name, "--train_file/--validation_file", streaming)
+    if split not in splits:
         raise ValueError(
-            f"Dataset {name} has no {split!r} split: pass one with --{'train' if split == 'train' else 'validation'}"
-            f"_file."
-        ) from None
+            f"Dataset {name} has no {split!r} split (splits: {', '.join(splits)}): pass one with "
+            f"--{'train' if split == 'train' else 'validation'}_file."
+        )
+    dataset = splits[split]
     columns = dataset.column_names
     if columns is not None and args.text_column not in columns:
         raise ValueError(f"Dataset {name} has no column {args.text_column!r} (columns: {columns}): pass --text_column.")

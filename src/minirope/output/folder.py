@@ -76,7 +76,7 @@ def check_previous_run(output_dir: str | Path, config: PreTrainedConfig, overwri
                     f"--output_dir."
                 )
         print(f"[minirope] {describe_finished(output_dir)}")
-    old = old_checkpoints(output_dir) if not resuming else []
+    old = checkpoint_folders(output_dir) if not resuming else []
     if old:
         print(
             f"[minirope] {output_dir} holds checkpoints of an earlier run ({', '.join(path.name for path in old)}): "
@@ -85,16 +85,18 @@ def check_previous_run(output_dir: str | Path, config: PreTrainedConfig, overwri
         )
 
 
-def old_checkpoints(output_dir: str | Path) -> list[Path]:
-    """The `checkpoint-N` folders in `output_dir`."""
-    return sorted(path for path in Path(output_dir).glob("checkpoint-*") if path.is_dir())
+def checkpoint_folders(output_dir: str | Path) -> list[Path]:
+    """The Trainer's `checkpoint-N` folders in `output_dir`, by step N, oldest first: the one reading of the names
+    that the resume, the Hub resume and the clean-up share."""
+    folders = [path for path in Path(output_dir).glob("checkpoint-*") if path.is_dir() and path.name[11:].isdigit()]
+    return sorted(folders, key=lambda path: int(path.name[11:]))
 
 
 def remove_old_checkpoints(output_dir: str | Path) -> None:
     """Remove an earlier run's `checkpoint-N` folders from `output_dir` (announced by `check_previous_run`), on the main
     process, when a new run starts training: after every check of its data and flags has passed."""
     if PartialState().is_main_process:
-        for path in old_checkpoints(output_dir):
+        for path in checkpoint_folders(output_dir):
             shutil.rmtree(path)
 
 

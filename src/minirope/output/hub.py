@@ -16,6 +16,8 @@ from huggingface_hub import HfApi, constants, get_token, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
 from transformers import TrainingArguments
 
+from minirope.output.folder import checkpoint_folders
+
 HUB_CHECKPOINT = "last-checkpoint"  # where the Trainer pushes each checkpoint with --hub_strategy checkpoint
 
 
@@ -118,8 +120,8 @@ def hub_checkpoint(args: TrainingArguments) -> str | None:
     target = download_checkpoint(args) if state.is_main_process else None
     state.wait_for_everyone()
     if not state.is_main_process:
-        steps = [path for path in Path(args.output_dir).glob("checkpoint-*") if path.name.split("-")[-1].isdigit()]
-        target = str(max(steps, key=lambda path: int(path.name.split("-")[-1]))) if steps else None
+        folders = checkpoint_folders(args.output_dir)  # the main process's download is the newest
+        target = str(folders[-1]) if folders else None
     return target
 
 

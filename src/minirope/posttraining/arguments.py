@@ -8,7 +8,6 @@ docs/verse_*.md), and `PosttrainModelConfig` (TRL's `ModelConfig`: the model, it
 JSON arguments file), to choose the config class, then parses everything with TRL's `TrlParser`.
 """
 
-import json
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -19,9 +18,10 @@ from transformers import HfArgumentParser
 from trl import DistillationConfig, DPOConfig, GRPOConfig, ModelConfig, ScriptArguments, TrlParser
 
 from minirope.data.documents import read_utf8
+from minirope.data.pipeline import check_percentage
 from minirope.folders import first_line
 from minirope.posttraining.rewards import REJECTED_BY
-from minirope.training.arguments import LORA_TARGETS, parse_cli_args
+from minirope.training.arguments import LORA_TARGETS, json_arguments, read_arguments_json
 
 METHODS = ("grpo", "dpo", "distill")
 LM_COEF = {"grpo": 0.5, "dpo": 1.0, "distill": 0.0}  # measured in docs/verse_*.md
@@ -234,8 +234,7 @@ class PosttrainArguments(ScriptArguments):
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}.")
         if not 0 < self.weight_interpolation <= 1:
             raise ValueError(f"--weight_interpolation must be in (0, 1], got {self.weight_interpolation}.")
-        if not 1 <= self.validation_split_percentage <= 50:
-            raise ValueError(f"--validation_split_percentage must be in 1..50, got {self.validation_split_percentage}.")
+        check_percentage(self.validation_split_percentage)
         if self.dataset_name and (self.train_file or self.validation_file):
             raise ValueError("Give either --dataset_name or --train_file/--validation_file, not both.")
         if self.validation_file and not self.train_file:
@@ -456,32 +455,49 @@ class Preparsed:
     train_file: list[str] | None = None
 
 
-def preparse(argv: list[str]) -> Preparsed:
-    """`--method`, `--dataset_name` and `--train_file` of a command line, read by the argument parser over the keys of
-    a `--config` YAML file (or of a single JSON arguments file); the method "grpo" when none names one (an unknown
-    method is refused by `PosttrainArguments`)."""
+def preparse(argv: list[str], arguments: dict) -> Preparsed:
+    """`--method`, `--dataset_name` and `--train_file` of a command line, read by the argument parser over
+    `arguments` (the keys of its `--config` YAML file or JSON arguments file); the method "grpo" when none names one
+    (an unknown method is refused by `PosttrainArguments`)."""
     parser = HfArgumentParser(Preparsed, add_help=False)
-    parser.set_defaults(
-        **{key: value for key, value in arguments_file(argv).items() if key in Preparsed.__annotations__}
-    )
-    known, _ = parser.parse_known_args(args=argv)
+    parser.set_defaults(**{key: value for key, value in arguments.items() if key in Preparsed.__annotations__})
+    known, _ = parser.parse_known_args(args=[] if json_arguments(argv) else argv)
     return known
 
 
+def config_path(argv: list[str]) -> Path | None:
+    """The file of `--config FILE` (TRL's YAML file of flags), None without the flag.
+
+    Raises:
+        ValueError: the flag without a file, or a path that is not a file.
+    """
+    if "--config" not in argv:
+        return None
+    at = argv.index("--config") + 1
+    path = Path(argv[at]) if at < len(argv) else None
+    if path is None or not path.is_file():
+        raise ValueError(f"--config {path or ''}: no such file; give a YAML file of flags (as `trl grpo --config`).")
+    return path
+
+
 def arguments_file(argv: list[str]) -> dict:
-    """The flags a `--config file.yaml` (TRL's) or a single `.json` argument sets; {} for none or an unreadable file
-    (the parser reports it)."""
-    if len(argv) == 1 and argv[0].endswith(".json") and Path(argv[0]).is_file():
-        text, load = read_utf8(argv[0]), json.loads
-    elif "--config" in argv[:-1] and Path(argv[argv.index("--config") + 1]).is_file():
-        text, load = read_utf8(argv[argv.index("--config") + 1]), yaml.safe_load
-    else:
+    """The flags a `--config file.yaml` (TRL's) or a single `.json` argument sets, read once; {} for neither.
+
+    Raises:
+        ValueError: a missing file, or one that is not JSON/YAML or not a mapping of flags.
+    """
+    if json_arguments(argv):
+        return read_arguments_json(argv[0])
+    path = config_path(argv)
+    if path is None:
         return {}
     try:
-        arguments = load(text)
-    except (json.JSONDecodeError, yaml.YAMLError):
-        return {}
-    return arguments if isinstance(arguments, dict) else {}
+        arguments = yaml.safe_load(read_utf8(path))
+    except yaml.YAMLError as error:
+        raise ValueError(f"--config {path} is not YAML ({first_line(error)}).") from None
+    if not isinstance(arguments, dict):
+        raise ValueError(f"--config {path} must hold a mapping of flag names and values (as `trl grpo --config`).")
+    return arguments
 
 
 def parse_args(argv: list[str] | None = None) -> tuple:
@@ -494,24 +510,16 @@ def parse_args(argv: list[str] | None = None) -> tuple:
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     argv = [part for item in argv for part in (item.split("=", 1) if item.startswith("--config=") else [item])]
-    known = preparse(argv)
+    arguments = arguments_file(argv)
+    known = preparse(argv, arguments)
     configs = CONFIGS if known.dataset_name or known.train_file else VERSE_CONFIGS
     types = (PosttrainArguments, configs.get(known.method, configs["grpo"]), PosttrainModelConfig)
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        return parse_cli_args(types, argv)
-    if "--config" in argv:
-        at = argv.index("--config") + 1
-        path = Path(argv[at]) if at < len(argv) else None
-        if path is None or not path.is_file():
-            raise ValueError(
-                f"--config {path or ''}: no such file; give a YAML file of flags (as `trl grpo --config`)."
-            )
+    if json_arguments(argv):
+        return HfArgumentParser(types).parse_dict(arguments)
+    if arguments:
         flags = {item.name for kind in types for item in fields(kind)} | {"env"}  # TRL's `env:` sets variables
-        unknown = sorted(set(arguments_file(argv)) - flags)
+        unknown = sorted(set(arguments) - flags)
         if unknown:
-            raise ValueError(f"--config {path}: {', '.join(unknown)} is not a flag of minirope-posttrain --method "
-                             f"{known.method} (--help lists them).")  # fmt: skip
-    try:
-        return TrlParser(types).parse_args_and_config(args=argv)
-    except yaml.YAMLError as error:
-        raise ValueError(f"--config {argv[argv.index('--config') + 1]} is not YAML ({first_line(error)}).") from None
+            raise ValueError(f"--config {config_path(argv)}: {', '.join(unknown)} is not a flag of minirope-posttrain "
+                             f"--method {known.method} (--help lists them).")  # fmt: skip
+    return TrlParser(types).parse_args_and_config(args=argv)

@@ -17,14 +17,14 @@ at all, the run is the verse task (`minirope.posttraining.verse`) and says so.
 from dataclasses import dataclass
 from pathlib import Path
 
-from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from datasets import Dataset, load_dataset
 from transformers import PreTrainedTokenizerBase
 from trl.data_utils import is_conversational, maybe_extract_prompt
 
 from minirope.data.bundled import BUNDLED_CORPUS
 from minirope.data.documents import expand_files
 from minirope.data.pipeline import first_rows, hold_out
-from minirope.data.sources import dataset_not_found
+from minirope.data.sources import open_dataset
 from minirope.folders import first_line
 from minirope.posttraining.arguments import PosttrainArguments
 from minirope.posttraining.verse import training_prompts, validation_headers
@@ -71,7 +71,8 @@ def load_task_data(args: PosttrainArguments, seed: int) -> TaskData:
     check_columns(train, pairs, args.method, f"{source} {args.dataset_train_split}")
     held_out = splits.get("test")
     if held_out is None:
-        split = hold_out(train, args.validation_split_percentage, "rows")
+        flag = "--train_file" if args.train_file else f"--dataset_name {source}"
+        split = hold_out(train, args.validation_split_percentage, "rows", flag)
         train, held_out = split["train"], split["validation"]
     else:
         check_columns(held_out, pairs, args.method, f"{source} {args.dataset_test_split}")
@@ -110,7 +111,7 @@ def load_splits(args: PosttrainArguments) -> tuple[dict[str, Dataset], str]:
         return {split: read_files(paths) for split, paths in files.items()}, ", ".join(
             Path(path).name for path in files["train"]
         )
-    dataset = open_dataset(args.dataset_name, args.dataset_config)
+    dataset = open_dataset(args.dataset_name, args.dataset_config, instead="--train_file")
     name = args.dataset_name + (f" ({args.dataset_config})" if args.dataset_config else "")
     if args.dataset_train_split not in dataset:
         raise ValueError(
@@ -127,23 +128,6 @@ def load_splits(args: PosttrainArguments) -> tuple[dict[str, Dataset], str]:
     if test in dataset and test != args.dataset_train_split:
         splits["test"] = dataset[test]
     return splits, name
-
-
-def open_dataset(name: str, config: str | None) -> DatasetDict:
-    """A `DatasetDict`: a folder written by `save_to_disk`, or whatever `datasets.load_dataset` loads (a folder of data
-    files, a Hub id).
-
-    Raises:
-        FileNotFoundError: neither (the first line of `datasets`' reason).
-    """
-    folder = Path(name)
-    if (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file():
-        dataset = load_from_disk(str(folder))
-        return dataset if isinstance(dataset, DatasetDict) else DatasetDict({"train": dataset})
-    try:
-        return load_dataset(name, config)
-    except FileNotFoundError as error:
-        raise dataset_not_found(name, error, "--train_file") from None
 
 
 def read_files(paths: list[str]) -> Dataset:

@@ -157,6 +157,29 @@ class MiniRopeTrainingArguments(TrainingArguments):
         return self.attn_implementation or ("eager" if compiled_on_cpu else "sdpa")
 
 
+def read_arguments_json(path: str | Path) -> dict:
+    """The flags of a JSON arguments file (`{"flag": value, ...}`), as `HfArgumentParser.parse_json_file` reads them.
+
+    Raises:
+        ValueError: the file is missing, not JSON (naming its line) or not one object.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"arguments file {path} does not exist: check the path.")
+    try:
+        arguments = json.loads(read_utf8(path))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"arguments file {path} is not JSON ({error.msg}, line {error.lineno}).") from None
+    if not isinstance(arguments, dict):
+        raise ValueError(f"arguments file {path} must hold one JSON object of flag names and values.")
+    return arguments
+
+
+def json_arguments(argv: list[str]) -> str | None:
+    """The path of a single `.json` argument (a file of arguments, as transformers' example scripts take one)."""
+    return argv[0] if len(argv) == 1 and argv[0].endswith(".json") else None
+
+
 def parse_cli_args(dataclass_types: tuple, argv: list[str] | None = None) -> tuple:
     """`HfArgumentParser` over `dataclass_types`; a single `.json` argument is read as a file of arguments.
 
@@ -166,17 +189,8 @@ def parse_cli_args(dataclass_types: tuple, argv: list[str] | None = None) -> tup
     """
     parser = HfArgumentParser(dataclass_types)
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        path = Path(argv[0])
-        if not path.is_file():
-            raise ValueError(f"arguments file {path} does not exist: check the path.")
-        try:
-            arguments = json.loads(read_utf8(path))
-        except json.JSONDecodeError as error:
-            raise ValueError(f"arguments file {path} is not JSON ({error.msg}, line {error.lineno}).") from None
-        if not isinstance(arguments, dict):
-            raise ValueError(f"arguments file {path} must hold one JSON object of flag names and values.")
-        return parser.parse_dict(arguments)
+    if json_arguments(argv):
+        return parser.parse_dict(read_arguments_json(argv[0]))
     return parser.parse_args_into_dataclasses(args=argv)
 
 

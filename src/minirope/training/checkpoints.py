@@ -16,6 +16,7 @@ from pathlib import Path
 from transformers import PreTrainedConfig, TrainingArguments
 
 from minirope.configuration_minirope import ARCHITECTURE_FIELDS
+from minirope.output.folder import checkpoint_folders
 from minirope.output.hub import hub_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -62,15 +63,10 @@ def checkpoint_problem(folder: Path) -> str | None:
     return None
 
 
-def checkpoint_step(folder: Path) -> int:
-    return int(folder.name.split("-")[-1])
-
-
 def last_complete_checkpoint(output_dir: str | Path) -> str | None:
     """The newest `checkpoint-N` in `output_dir` that a resume can read (`checkpoint_problem`); each newer one is
     passed over with a warning naming its problem."""
-    folders = [path for path in Path(output_dir).glob("checkpoint-*") if path.name.split("-")[-1].isdigit()]
-    for folder in sorted(folders, key=checkpoint_step, reverse=True):
+    for folder in reversed(checkpoint_folders(output_dir)):
         problem = checkpoint_problem(folder)
         if problem is None:
             return str(folder)
