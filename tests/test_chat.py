@@ -122,11 +122,51 @@ def test_a_dataset_with_a_messages_column_fine_tunes_as_conversations(tiny_pretr
     assert result["after"]["eval_nats_per_token"] < result["before"]["eval_nats_per_token"]
 
 
-def test_a_foreign_template_without_generation_markers_is_refused(tiny_pretrained, conversations, tmp_path):
+# SmolLM2-135M-Instruct's template (ChatML, as its GGUF carries it): no {% generation %} markers
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "You are a helpful AI assistant<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# the same rendering with transformers' markers around each assistant message: the oracle of its mask
+CHATML_MARKED = CHATML.replace(
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}",
+    "{{'<|im_start|>' + message['role'] + '\n'}}{% if message['role'] == 'assistant' %}{% generation %}"
+    "{{ message['content'] + '<|im_end|>\n' }}{% endgeneration %}{% else %}{{ message['content'] + '<|im_end|>\n' }}"
+    "{% endif %}",
+)
+
+
+def test_a_released_template_without_markers_trains_on_its_assistant_turns(tiny_pretrained, conversations, tmp_path):
+    """A template without `{% generation %}` markers (SmolLM2's ChatML) has its assistant turns found by rendering
+    the conversation turn by turn: the mask equals transformers' own for the same template with the markers, and a
+    fine-tune with such a template trains (the folder keeps it)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
+    assert CHATML_MARKED != CHATML
+    tokenizer.chat_template = CHATML
+    found = conversation_features(HAMLET, tokenizer, 512)
+    tokenizer.chat_template = CHATML_MARKED
+    want = conversation_features(HAMLET, tokenizer, 512)
+    assert found == want
+    trained = tokenizer.decode([token for token in found["labels"] if token != IGNORE_INDEX])
+    assert trained == "Nay, answer me: stand, and unfold yourself.<|im_end|>\nBernardo?<|im_end|>\n"
+    folder = tmp_path / "terse"  # a template as short as the tiny model's 32-token context needs, no markers
+    shutil.copytree(tiny_pretrained, folder)
+    terse = "{% for m in messages %}{{ m['role'][0] + ':' + m['content'] + '\n' }}{% endfor %}"
+    (folder / "chat_template.jinja").write_text(terse + "{% if add_generation_prompt %}a:{% endif %}")
+    result = conversation_run(folder, tmp_path / "out", conversations)
+    assert result["after"]["eval_nats_per_token"] < result["before"]["eval_nats_per_token"]
+    assert AutoTokenizer.from_pretrained(tmp_path / "out").chat_template.startswith(terse)
+
+
+def test_a_template_whose_start_changes_with_later_turns_is_refused(tiny_pretrained, conversations, tmp_path):
     folder = tmp_path / "foreign"
     shutil.copytree(tiny_pretrained, folder)
-    (folder / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    with pytest.raises(ValueError, match="no {% generation %} markers"):
+    (folder / "chat_template.jinja").write_text(
+        "{{ messages | length }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    with pytest.raises(ValueError, match="renders a conversation's start differently .* add {% generation %} markers"):
         conversation_run(folder, tmp_path / "out", conversations)
     assert not (tmp_path / "out").exists()
 

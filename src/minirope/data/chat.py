@@ -7,7 +7,7 @@ from transformers import PreTrainedTokenizerBase
 from minirope.data.blocks import IGNORE_INDEX
 from minirope.data.formats import records
 from minirope.data.supervised import keep_labelled
-from minirope.tokenizer_format import ROLES
+from minirope.tokenizer_format import GENERATION_TAG, ROLES
 
 
 def check_conversation(messages, where: str) -> list[dict]:
@@ -74,14 +74,58 @@ def checked(rows) -> Dataset:
 
 def conversation_features(messages: list[dict], tokenizer: PreTrainedTokenizerBase, block_size: int) -> dict:
     """One conversation as `input_ids`, `attention_mask` and `labels` (-100 outside the assistant turns), cut to
-    `block_size` tokens: the chat template's rendering and its assistant mask."""
-    encoded = tokenizer.apply_chat_template(
-        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-    )
-    input_ids = list(encoded["input_ids"])[:block_size]
-    mask = encoded["assistant_masks"][:block_size]
+    `block_size` tokens: the chat template's rendering and its assistant mask (`assistant_mask`).
+
+    Raises:
+        ValueError: a template without `{% generation %}` markers whose turns cannot be found (`assistant_mask`).
+    """
+    input_ids, mask = assistant_mask(messages, tokenizer)
+    input_ids, mask = input_ids[:block_size], mask[:block_size]
     labels = [token if keep else IGNORE_INDEX for token, keep in zip(input_ids, mask, strict=True)]
     return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels}
+
+
+def assistant_mask(messages: list[dict], tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
+    """The chat template's token ids of `messages` and a 0/1 mask of the assistant turns' tokens.
+
+    A template with transformers' `{% generation %}` markers (minirope's) gives the mask itself
+    (`return_assistant_tokens_mask`). A released model's template rarely has them (SmolLM2's, Llama 3's); then each
+    assistant turn is what the conversation up to it adds to the conversation before it with the assistant's turn
+    opened (`add_generation_prompt=True`): its content and whatever closes it (`<|im_end|>`, `<|eot_id|>`), as TRL
+    masks a conversational prompt-completion row. Tokens are matched to those characters by their offsets (a fast
+    tokenizer).
+
+    Raises:
+        ValueError: a template that renders a conversation's start differently once more turns follow (so a turn
+            cannot be located), or a tokenizer without offsets.
+    """
+    if GENERATION_TAG.search(tokenizer.chat_template or ""):
+        encoded = tokenizer.apply_chat_template(
+            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        return list(encoded["input_ids"]), list(encoded["assistant_masks"])
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans = []
+    for turn, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        opened = tokenizer.apply_chat_template(messages[:turn], tokenize=False, add_generation_prompt=True)
+        closed = tokenizer.apply_chat_template(messages[: turn + 1], tokenize=False)
+        if not (closed.startswith(opened) and text.startswith(closed)):
+            raise ValueError(
+                "the tokenizer's chat template renders a conversation's start differently once more turns follow, "
+                "so its assistant turns cannot be found: add {% generation %} markers around each assistant message "
+                "(transformers' chat templating guide)."
+            )
+        spans.append((len(opened), len(closed)))
+    if not tokenizer.is_fast:
+        raise ValueError(
+            "finding the assistant turns of a template without {% generation %} markers needs a fast tokenizer "
+            "(character offsets): add the markers, or save the tokenizer as tokenizer.json."
+        )
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    mask = [int(any(start <= first < end for start, end in spans)) for first, _ in encoded["offset_mapping"]]
+    return list(encoded["input_ids"]), mask
 
 
 def conversation_examples(

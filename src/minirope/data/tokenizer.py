@@ -36,7 +36,6 @@ from minirope.data.documents import Shard
 from minirope.tokenizer_format import (
     CHAT_TEMPLATE,
     CHAT_TOKENS,
-    GENERATION_TAG,
     PRE_TOKENIZER_PATTERN,
     RESERVED_TOKENS,
     SPECIAL_TOKENS,
@@ -53,22 +52,12 @@ logger = logging.getLogger(__name__)
 
 def add_chat_template(tokenizer: PreTrainedTokenizerBase) -> int:
     """Give `tokenizer` the chat template, adding the role markers that are not yet single special tokens; a
-    tokenizer with its own template (another model family's) keeps it.
+    tokenizer with its own template (a released model's) keeps it (`minirope.data.chat` finds its assistant turns).
 
     Returns the number of tokens added: when it is not 0, the model's embeddings must grow to `len(tokenizer)`
     (`model.resize_token_embeddings`) before training, and the new rows start untrained.
-
-    Raises:
-        ValueError: the tokenizer's own template has no `{% generation %}` markers, so the assistant turns to
-            train on cannot be found.
     """
     if tokenizer.chat_template and tokenizer.chat_template != CHAT_TEMPLATE:
-        if not GENERATION_TAG.search(tokenizer.chat_template):
-            raise ValueError(
-                "the tokenizer's own chat template has no {% generation %} markers, so the assistant turns cannot be "
-                "told apart: add them around each assistant message (transformers' chat templating guide), or "
-                "delete chat_template.jinja from the folder to fine-tune with minirope's template."
-            )
         return 0
     missing = [token for token in CHAT_TOKENS if token not in tokenizer.get_vocab()]
     added = tokenizer.add_special_tokens({"additional_special_tokens": missing}) if missing else 0
