@@ -88,8 +88,9 @@ def check_previous_run(output_dir: str | Path, config: PreTrainedConfig, overwri
 def checkpoint_folders(output_dir: str | Path) -> list[Path]:
     """The Trainer's `checkpoint-N` folders in `output_dir`, by step N, oldest first: the one reading of the names
     that the resume, the Hub resume and the clean-up share."""
-    folders = [path for path in Path(output_dir).glob("checkpoint-*") if path.is_dir() and path.name[11:].isdigit()]
-    return sorted(folders, key=lambda path: int(path.name[11:]))
+    steps = {path: path.name.removeprefix("checkpoint-") for path in Path(output_dir).glob("checkpoint-*")}
+    folders = [path for path, step in steps.items() if path.is_dir() and step.isdigit()]
+    return sorted(folders, key=lambda path: int(steps[path]))
 
 
 def remove_old_checkpoints(output_dir: str | Path) -> None:
