@@ -77,6 +77,7 @@ def world(tiny_pretrained, tmp_path_factory) -> Path:
     (root / "folder").mkdir()
     rows = [{"prompt": "ROMEO:\n", "solution": "But"}] * 8
     DatasetDict({"train": Dataset.from_list(rows)}).save_to_disk(str(root / "problems"))
+    DatasetDict({"train": Dataset.from_list([{"prompt": "ROMEO:\n"}] * 8)}).save_to_disk(str(root / "prompts"))
     (root / "flat_rewards.py").write_text("def zero(completions, **kwargs):\n    return [0.0] * len(completions)\n")
     (root / "broken_rewards.py").write_text("undefined_name\n\ndef exact(completions, **kwargs):\n    return [0.0]\n")
     shutil.copytree(root / "model", root / "model-other", ignore=shutil.ignore_patterns("checkpoint-*"))
@@ -437,7 +438,7 @@ CASES = [
     (POSTTRAIN, [*GRPO, "--sft_steps", "-1"], "--sft_steps must be >= 0 (0: no warm start), got -1"),
     (
         POSTTRAIN,
-        [*GRPO, "--dataset_name", "{w}/problems", "--reward_funcs", "meter_reward", "--sft_steps", "5"],
+        [*GRPO, "--dataset_name", "{w}/prompts", "--reward_funcs", "meter_reward", "--sft_steps", "5"],
         "--sft_steps needs demonstrations of your task: give --sft_train_file",
     ),
     (

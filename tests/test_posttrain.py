@@ -15,7 +15,7 @@ import torch
 from datasets import Dataset, DatasetDict
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 pytest.importorskip("trl")
 pytestmark = pytest.mark.client
@@ -355,27 +355,28 @@ def test_own_pairs_can_reject_the_worst_by_the_first_reward(tiny_pretrained):
 
 
 def test_the_method_is_parsed_from_a_json_arguments_file_and_tuned_flags_keep_trl_help(tmp_path):
+    """(`./m` names no folder: nothing to size the defaults from, so the methods' own defaults.)"""
     arguments = tmp_path / "args.json"
-    arguments.write_text(json.dumps({"model_name_or_path": "m", "method": "dpo", "max_steps": 3}))
+    arguments.write_text(json.dumps({"model_name_or_path": "./m", "method": "dpo", "max_steps": 3}))
     args, config, _ = parse_args([str(arguments)])
     assert args.method == "dpo" and isinstance(config, PosttrainDPOConfig) and config.max_steps == 3
-    args, config, _ = parse_args(["--model", "m", "--method=dpo"])
+    args, config, _ = parse_args(["--model", "./m", "--method=dpo"])
     assert isinstance(config, PosttrainDPOConfig) and config.learning_rate == 5e-5  # minirope's, not TRL's 1e-6
     assert config.loss_type == ["sigmoid"] and args.rejected_by is None  # None: chosen by the task when run
     help_text = PosttrainDPOConfig.__dataclass_fields__["learning_rate"].metadata["help"]
     assert help_text and "learning rate" in help_text.lower()  # TRL's own help, kept where minirope re-defaults
     # GRPO's retuned groups and reward scaling survive TRL's __post_init__, and the flags still override them
-    _, config, _ = parse_args(["--model", "m"])
+    _, config, _ = parse_args(["--model", "./m"])
     grouping = (config.num_generations, config.per_device_train_batch_size, config.max_steps, config.scale_rewards)
     assert grouping == (16, 32, 250, "batch")
-    _, config, _ = parse_args(["--model", "m", "--scale_rewards", "group", "--num_generations", "8"])
+    _, config, _ = parse_args(["--model", "./m", "--scale_rewards", "group", "--num_generations", "8"])
     assert (config.scale_rewards, config.num_generations) == ("group", 8)
     # with data, the defaults measured on users' tasks, not the verse task's (its learning rate made them worse)
     for data in (["--dataset_name", "d"], ["--train_file", "f.jsonl"]):
-        _, config, _ = parse_args(["--model", "m", *data])
+        _, config, _ = parse_args(["--model", "./m", *data])
         grouping = (config.num_generations, config.per_device_train_batch_size, config.max_steps, config.scale_rewards)
         assert grouping == (16, 64, 300, "group") and config.learning_rate == 1e-4 and config.temperature == 1.0
-    arguments.write_text(json.dumps({"model_name_or_path": "m", "dataset_name": "d"}))
+    arguments.write_text(json.dumps({"model_name_or_path": "./m", "dataset_name": "d"}))
     _, config, _ = parse_args([str(arguments)])
     assert config.learning_rate == 1e-4 and config.eval_steps == 0.2
 
@@ -519,6 +520,93 @@ def test_grpo_with_use_peft_and_merge_lora_false_saves_an_adapter_that_loads(tin
         base = AutoModelForCausalLM.from_pretrained(tiny_pretrained).eval()(ids).logits
         torch.testing.assert_close(loaded(ids).logits, expected)
     assert not torch.allclose(expected, base)
+
+
+def test_grpo_warm_starts_on_the_rows_answers_when_every_group_scores_alike(tiny_pretrained, tmp_path, monkeypatch,
+                                                                          capsys):  # fmt: skip
+    """A reward that scores every sample alike gives GRPO nothing; the rows carry a `solution`, so instead of refusing,
+    the run first fine-tunes on them (TRL's SFTTrainer, one epoch of --sft_batch_size rows), says so, and trains."""
+    (tmp_path / "flat_rewards.py").write_text("def zero(completions, **kwargs):\n    return [0.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    folder = problems_folder(tmp_path, test_split=True)
+    out = tmp_path / "warm"
+    run_summary = posttrain.run([
+        "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out),
+        "--dataset_name", str(folder), "--reward_funcs", "flat_rewards.zero", *TINY_POST[:-4], *TINY_GRPO,
+        "--eval_samples_per_prompt", "8", "--sft_batch_size", "3", "--keep_last", "True",
+    ])  # fmt: skip
+    assert run_summary["warm_start"]["steps"] == 3  # --num_prompts 8 rows, 3 a step
+    assert run_summary["warm_start"]["data"] == "the training rows' prompts and their `solution` column"
+    assert run_summary["before"]["prompts_with_alike_samples_share"] == 1.0
+    assert "first 3 steps of supervised fine-tuning on the training rows' prompts" in capsys.readouterr().out
+    start, written = load_file(tiny_pretrained / "model.safetensors"), load_file(out / "model.safetensors")
+    assert any(not torch.equal(written[name], start[name]) for name in start)
+    loads_and_generates(out)
+
+
+def test_answer_rows_are_trl_prompt_completion_rows():
+    """Conversational prompts get the answer as the assistant's message; plain ones as text after a space unless one
+    is there; rows without an answer column give none."""
+    chat = Dataset.from_list([{"prompt": [{"role": "user", "content": "Add 2 and 3."}], "solution": 5}])
+    assert warm_start.answer_rows(chat).to_list() == [
+        {"prompt": [{"role": "user", "content": "Add 2 and 3."}], "completion": [{"role": "assistant", "content": "5"}]}
+    ]
+    plain = Dataset.from_list([{"prompt": "47 - 19 =", "solution": "28"}, {"prompt": "9 - 3 = ", "solution": "6"}])
+    assert warm_start.answer_rows(plain)["completion"] == [" 28", "6"]
+    both = Dataset.from_list([{"prompt": "Q:", "completion": " A", "solution": "B"}])
+    assert warm_start.answer_rows(both)["completion"] == [" A"]  # TRL's completion first
+    assert warm_start.answer_rows(Dataset.from_list([{"prompt": "Q:", "other": "A"}])) is None
+
+
+def test_keep_best_keeps_a_warm_start_that_no_later_step_beats(tiny_pretrained):
+    """Start 0.1, warm start 0.5, then 0.3 and 0.4: the warm-started weights are put back, step 0, and the line says
+    the warm start gained it; a warm start scoring below the start changes nothing."""
+    from minirope.posttraining.keep_best import KeepBest
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
+    scores = iter([0.3, 0.4])
+    keep = KeepBest(lambda model: next(scores), every=1)
+    keep.start(0.1, model)
+    keep.warm_started(0.05, model)  # below the start: ignored
+    assert keep.selection.before is None and keep.selection.start == 0.1
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(1.0)
+    warm = {name: value.clone() for name, value in model.state_dict().items()}
+    keep.warm_started(0.5, model)
+    for _ in (1, 2):
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(1.0)
+        keep.record(model, _)
+    selection = keep.restore_best(model)
+    assert selection.kept_step == 0 and selection.gained and selection.before == 0.1
+    assert all(torch.equal(value, warm[name]) for name, value in model.state_dict().items())
+    assert selection.line("exact").startswith("held-out exact 0.100 -> 0.500 by the warm start; no step of the method")
+
+
+def test_a_released_size_model_gets_defaults_sized_for_it_and_a_given_flag_wins(tiny_pretrained, tmp_path):
+    """A config of 40M parameters (no weights needed: counted on the meta device) gets `sizing.LARGER_MODEL`'s
+    defaults; a flag on the command line, or in the --config file, wins; minirope's own tiny model keeps the methods'
+    defaults."""
+    from minirope import MiniRopeConfig
+    from minirope.posttraining.sizing import LARGER_MODEL, count_parameters
+
+    shape = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 8,
+             "num_attention_heads": 8, "num_key_value_heads": 4}  # fmt: skip
+    MiniRopeConfig(**shape).save_pretrained(tmp_path / "big")
+    with torch.device("meta"):
+        llama = LlamaForCausalLM(LlamaConfig(**shape))
+    assert count_parameters(str(tmp_path / "big")) == llama.num_parameters() > 20e6
+    args, config, _ = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--max_steps", "7"])
+    assert config.max_steps == 7 and config.num_generations == LARGER_MODEL["grpo"]["num_generations"]
+    assert args.eval_prompts == LARGER_MODEL["all"]["eval_prompts"] and "max_steps" not in args.sized
+    (tmp_path / "run.yaml").write_text("num_generations: 4\n")
+    _, config, _ = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--config",
+                               str(tmp_path / "run.yaml")])  # fmt: skip
+    assert config.num_generations == 4 and config.max_steps == LARGER_MODEL["grpo"]["max_steps"]
+    args, config, _ = parse_args(["--model", str(tiny_pretrained), "--dataset_name", "d"])
+    assert args.sized == {} and config.max_steps == 300 and args.eval_prompts is None
 
 
 def test_alike_share_counts_the_prompts_whose_completions_all_score_alike_by_the_weighted_sum():

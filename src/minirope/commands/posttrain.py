@@ -37,10 +37,11 @@ def run(argv: list[str] | None = None) -> dict:
     if importlib.util.find_spec("trl") is None:
         raise ValueError("minirope-posttrain runs TRL's trainers: install them with `pip install minirope[trl]`.")
     from minirope.posttraining.arguments import parse_args
+    from minirope.posttraining.keep_best import weighted_sum
     from minirope.posttraining.pairs import own_preference_pairs
     from minirope.posttraining.report import report
     from minirope.posttraining.setup import build_trainer, check_signal, final_weights, keep_best, measure, prepare
-    from minirope.posttraining.warm_start import warm_start
+    from minirope.posttraining.warm_start import answer_warm_start, warm_start
 
     args, config, model_args = parse_args(argv)
     set_seed(config.seed)
@@ -48,12 +49,16 @@ def run(argv: list[str] | None = None) -> dict:
     setup = prepare(args, config, model_args)
     before = measure(setup, args, config)
     keep = keep_best(setup, args, config, before)
+    setup.warm = setup.warm or answer_warm_start(setup, args, before)
     warm_folder = None
     if setup.warm:
-        setup.model, warm_folder = warm_start(setup.model, setup.tokenizer, setup.warm, setup.corpus, args, config)
-        print(f"[minirope] warm start: {args.warm_start_steps} steps of SFT on {setup.warm.source}")
+        setup.model, warm_folder = warm_start(setup, args, config)
+        print(f"[minirope] warm start: {setup.warm.steps} steps of SFT on {setup.warm.source}")
         setup.warm.measured = measure(setup, args, config)
-    check_signal(setup.warm.measured if setup.warm else before, args)
+        if keep is not None:
+            weights = getattr(config, "reward_weights", None)  # distill has none
+            keep.warm_started(weighted_sum(setup.warm.measured.greedy, weights), setup.model)
+    check_signal(setup.warm.measured if setup.warm else before, args, warm_started=bool(setup.warm))
     train = setup.data.train if setup.data.train is not None else own_preference_pairs(setup, args, config)
     start_weights = (  # kept only to interpolate with
         {name: param.detach().clone() for name, param in setup.model.named_parameters()}

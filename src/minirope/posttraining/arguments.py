@@ -11,6 +11,7 @@ JSON arguments file), to choose the config class, then parses everything with TR
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import yaml
@@ -21,6 +22,7 @@ from minirope.data.documents import read_utf8
 from minirope.data.pipeline import check_percentage
 from minirope.folders import first_line
 from minirope.posttraining.rewards import REJECTED_BY
+from minirope.posttraining.sizing import count_parameters, sized_defaults
 from minirope.training.arguments import LORA_TARGETS, json_arguments, read_arguments_json
 
 METHODS = ("grpo", "dpo", "distill")
@@ -65,8 +67,10 @@ class PosttrainArguments(ScriptArguments):
     grpo` takes it) and minirope's task flags, as `trl/scripts/grpo.py`'s `GRPOScriptArguments` extends them. The model
     is `PosttrainModelConfig`'s (TRL's `ModelConfig`); the training flags are the method's TRL config's: its
     `--trust_remote_code` applies to the model and the teacher, and `DistillationConfig`'s
-    `--teacher_model_name_or_path` names the teacher."""
+    `--teacher_model_name_or_path` names the teacher. After parsing, `sized` holds the defaults sized from the model
+    that the run uses (`sizing`; {} for a model of minirope's demo sizes)."""
 
+    sized: ClassVar[dict] = {}
     method: str = field(
         default="grpo", metadata={"help": "grpo (reward), dpo (preference pairs) or distill (a teacher)."}
     )
@@ -177,7 +181,10 @@ class PosttrainArguments(ScriptArguments):
             "(text, prompt/completion, messages), or .txt files (each one text row)."
         },
     )
-    sft_learning_rate: float = field(default=3e-4, metadata={"help": "The warm start's peak learning rate."})
+    sft_learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "The warm start's peak learning rate; default 3e-4, with --use_peft 1e-3 (LoRA's)."},
+    )
     sft_batch_size: int = field(default=SFT_BATCH_SIZE, metadata={"help": "The warm start's rows (blocks) a step."})
     sft_lm_coef: float | None = field(
         default=None,
@@ -227,7 +234,7 @@ class PosttrainArguments(ScriptArguments):
             raise ValueError("--samples_per_prompt must be >= 2 to rank a pair: e.g. 8.")
         if self.sft_steps is not None and self.sft_steps < 0:
             raise ValueError(f"--sft_steps must be >= 0 (0: no warm start), got {self.sft_steps}.")
-        if not self.sft_learning_rate > 0:
+        if self.sft_learning_rate is not None and not self.sft_learning_rate > 0:
             raise ValueError(f"--sft_learning_rate must be > 0, got {self.sft_learning_rate}: e.g. 3e-4.")
         for name in ("lm_coef", "sft_lm_coef"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
@@ -448,11 +455,26 @@ VERSE_CONFIGS = {**CONFIGS, "grpo": VerseGRPOConfig}  # no data given: the verse
 
 @dataclass
 class Preparsed:
-    """What decides the config class: the method, and whether data is given (else the verse task)."""
+    """What decides the config class (the method, and whether data is given, else the verse task) and the defaults
+    sized from the model (`sizing`)."""
 
     method: str = PosttrainArguments.__dataclass_fields__["method"].default
     dataset_name: str | None = None
     train_file: list[str] | None = None
+    model_name_or_path: str | None = field(default=None, metadata={"aliases": ["--model"]})
+    model_revision: str = field(default="main", metadata={"aliases": ["--revision"]})
+    trust_remote_code: bool = False
+
+    def sized_defaults(self) -> dict:
+        """The flags' defaults for this model (`sizing.sized_defaults`); {} without a model, a method or a config
+        to read (each refused later, with its own message)."""
+        if not self.model_name_or_path or self.method not in METHODS:
+            return {}
+        try:
+            parameters = count_parameters(self.model_name_or_path, self.model_revision, self.trust_remote_code)
+        except (ValueError, OSError):
+            return {}
+        return sized_defaults(self.method, parameters)
 
 
 def preparse(argv: list[str], arguments: dict) -> Preparsed:
@@ -462,7 +484,7 @@ def preparse(argv: list[str], arguments: dict) -> Preparsed:
     parser = HfArgumentParser(Preparsed, add_help=False)
     parser.set_defaults(**{key: value for key, value in arguments.items() if key in Preparsed.__annotations__})
     known, _ = parser.parse_known_args(args=[] if json_arguments(argv) else argv)
-    return known
+    return Preparsed(**vars(known))
 
 
 def config_path(argv: list[str]) -> Path | None:
@@ -514,12 +536,24 @@ def parse_args(argv: list[str] | None = None) -> tuple:
     known = preparse(argv, arguments)
     configs = CONFIGS if known.dataset_name or known.train_file else VERSE_CONFIGS
     types = (PosttrainArguments, configs.get(known.method, configs["grpo"]), PosttrainModelConfig)
+    sized = known.sized_defaults()
     if json_arguments(argv):
-        return HfArgumentParser(types).parse_dict(arguments)
-    if arguments:
-        flags = {item.name for kind in types for item in fields(kind)} | {"env"}  # TRL's `env:` sets variables
-        unknown = sorted(set(arguments) - flags)
-        if unknown:
-            raise ValueError(f"--config {config_path(argv)}: {', '.join(unknown)} is not a flag of minirope-posttrain "
-                             f"--method {known.method} (--help lists them).")  # fmt: skip
-    return TrlParser(types).parse_args_and_config(args=argv)
+        parsed = HfArgumentParser(types).parse_dict({**sized, **arguments})
+    else:
+        if arguments:
+            flags = {item.name for kind in types for item in fields(kind)} | {"env"}  # TRL's `env:` sets variables
+            unknown = sorted(set(arguments) - flags)
+            if unknown:
+                raise ValueError(f"--config {config_path(argv)}: {', '.join(unknown)} is not a flag of "
+                                 f"minirope-posttrain --method {known.method} (--help lists them).")  # fmt: skip
+        parser = TrlParser(types)
+        parser.set_defaults(**sized)  # the YAML file's values, then the command line's, win
+        parsed = parser.parse_args_and_config(args=argv)
+    parsed[0].sized = sized_in_use(sized, parsed)
+    return parsed
+
+
+def sized_in_use(sized: dict, parsed: tuple) -> dict:
+    """The sized defaults (`sizing.sized_defaults`) that no flag replaced, by flag name, as the run uses them."""
+    values = {name: getattr(part, name) for part in parsed for name in sized if hasattr(part, name)}
+    return {name: value for name, value in sized.items() if values.get(name) == value}

@@ -4,12 +4,13 @@ Every `--eval_steps` (a number of steps, or below 1 a share of the run, as `Trai
 last step, `KeepBest` (a `TrainerCallback`, so the loop stays TRL's) scores the model on the held-out prompts: one
 greedy completion per prompt, each reward called as TRL calls it, their means weighted by `--reward_weights` and
 summed (for a task with one right answer and one reward: the held-out exact-match accuracy). The starting model is
-scored first (step 0). After training, `restore_best` puts the best-scoring weights back (the trainable ones: the
-adapter's for a later step of a LoRA run; for its start, the whole model's, once the adapter is merged), so the
-folder written is never below the model the run started from on that score, unless `--keep_last` is given; and
-`Selection.line` says in one line which step was kept, and when no step beat the start, that nothing was gained and
-what to change. The same selection for GRPO, DPO and distillation, as the Trainer's
-`load_best_model_at_end` would make it, without writing a checkpoint per measure.
+scored first (step 0); after a warm start that scores higher, the warm-started model takes step 0's place
+(`warm_started`: the run never keeps less than the best model it had). After training, `restore_best` puts the
+best-scoring weights back (the trainable ones: the adapter's for a later step of a LoRA run; for its start, the whole
+model's, once the adapter is merged), so the folder written is never below the model the run started from on that
+score, unless `--keep_last` is given; and `Selection.line` says in one line which step was kept, and when no step beat
+the start, that nothing was gained and what to change. The same selection for GRPO, DPO and distillation, as the
+Trainer's `load_best_model_at_end` would make it, without writing a checkpoint per measure.
 """
 
 import json
@@ -54,16 +55,24 @@ def score_name(names: list[str], weights: list[float] | None) -> str:
 
 @dataclass
 class Selection:
-    """The measured scores (`history`: `{"step", "score"}` in step order, step 0 the starting model) and the step
-    whose weights the folder holds."""
+    """The measured scores (`history`: `{"step", "score"}` in step order, step 0 the starting model, or the
+    warm-started one where it scored higher: then `before` is the score of the model the run started from) and the
+    step whose weights the folder holds."""
 
     history: list[dict] = field(default_factory=list)
     kept_step: int = 0
     keep_last: bool = False
+    before: float | None = None
 
     @property
     def start(self) -> float:
+        """Step 0's score: the method's starting model."""
         return self.history[0]["score"]
+
+    @property
+    def origin(self) -> float:
+        """The score of the model the run started from (before any warm start)."""
+        return self.start if self.before is None else self.before
 
     @property
     def best(self) -> dict:
@@ -72,8 +81,9 @@ class Selection:
 
     @property
     def gained(self) -> bool | None:
-        """Whether the kept weights score above the start; None where nothing was scored (no reward)."""
-        return self.score(self.kept_step) > self.start if self.history else None
+        """Whether the kept weights score above the model the run started from; None where nothing was scored (no
+        reward)."""
+        return self.score(self.kept_step) > self.origin if self.history else None
 
     def score(self, step: int) -> float:
         return next(entry["score"] for entry in self.history if entry["step"] == step)
@@ -84,8 +94,8 @@ class Selection:
             return "the held-out prompts are not scored during training (no --reward_funcs): the last weights are kept"
         last = self.history[-1]
         kept = self.score(self.kept_step)
-        if self.keep_last and kept <= self.start:
-            change = f"fell from {self.start:.3f} to" if kept < self.start else f"stayed at {self.start:.3f}:"
+        if self.keep_last and kept <= self.origin:
+            change = f"fell from {self.origin:.3f} to" if kept < self.origin else f"stayed at {self.origin:.3f}:"
             return f"held-out {measure} {change} {kept:.3f} at step {self.kept_step}: kept anyway (--keep_last)"
         if not self.gained:
             return (
@@ -93,12 +103,18 @@ class Selection:
                 f"step {last['score']:.3f}), so the folder holds the starting weights; try a lower --learning_rate, "
                 f"more --max_steps, or more --num_generations (with --keep_last the last weights are kept)"
             )
+        if self.kept_step == 0:  # a warm start that no later step beat
+            return (
+                f"held-out {measure} {self.origin:.3f} -> {kept:.3f} by the warm start; no step of the method beat it "
+                f"(the last step {last['score']:.3f}), so the folder holds the warm-started weights"
+            )
         where = "the last step" if self.kept_step == last["step"] else f"step {self.kept_step} of {last['step']}"
-        return f"held-out {measure} {self.start:.3f} -> {kept:.3f}: kept {where}"
+        warmed = f" (warm start {self.start:.3f})" if self.before is not None else ""
+        return f"held-out {measure} {self.origin:.3f} -> {kept:.3f}{warmed}: kept {where}"
 
     def as_dict(self) -> dict:
         return {"measured": self.history, "kept_step": self.kept_step, "gained": self.gained,
-                "keep_last": self.keep_last}  # fmt: skip
+                "keep_last": self.keep_last, "before_warm_start": self.before}  # fmt: skip
 
 
 BEST_WEIGHTS, HISTORY = "keep_best.safetensors", "keep_best.json"  # in each checkpoint
@@ -139,6 +155,16 @@ class KeepBest(TrainerCallback):
         taken when training begins, from the model the trainer holds (wrapped: a LoRA adapter's initial weights,
         which leave the model as it started)."""
         self.record(model, 0, score)
+
+    def warm_started(self, score: float, model) -> None:
+        """A warm start ran after `start`: where the warm-started `model` scores higher (`score`), it takes step 0's
+        place, weights included, and the first score stays as `Selection.before`."""
+        if score <= self.selection.start:
+            return
+        self.selection.before = self.selection.start
+        self.selection.history[0] = {"step": 0, "score": round(score, 6)}
+        self.keep(model)
+        tqdm.write(f"[minirope] warm start: held-out score {self.selection.before:.3f} -> {score:.3f}")
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if self.selection.best["step"] == 0 and not self.best_weights:  # a resumed run brings its own (`resume`)

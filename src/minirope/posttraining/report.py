@@ -6,6 +6,7 @@ from minirope.output.folder import finish_run
 from minirope.posttraining.keep_best import score_name
 from minirope.posttraining.measures import METRIC, prompt_text
 from minirope.posttraining.rewards import reward_name
+from minirope.posttraining.sizing import sft_learning_rate
 from minirope.training.throughput import training_flops_per_token
 
 METHOD_TAGS = {"grpo": "grpo", "dpo": "dpo", "distill": "distillation"}  # the model card's tag for each method
@@ -49,9 +50,10 @@ def report(trainer, setup, args, before, after, train_metrics: dict, selection) 
         "corpus_term": {"source": setup.corpus.source, "lm_coef": setup.corpus.coef if setup.corpus.shards else 0.0},
         "weight_interpolation": args.weight_interpolation,
         "warm_start": {
-            "steps": args.warm_start_steps,
+            "steps": warm.steps,
             "data": warm.source,
-            "learning_rate": args.sft_learning_rate,
+            "learning_rate": sft_learning_rate(args, setup.model_args.use_peft),
+            "lora": setup.model_args.use_peft,
             "batch_size": args.sft_batch_size,
             "lm_coef": setup.corpus.warm_coef if setup.corpus.shards else 0.0,
             "after": warm.measured.as_dict(),
@@ -71,8 +73,8 @@ def report(trainer, setup, args, before, after, train_metrics: dict, selection) 
     what = {"grpo": f"TRL's GRPOTrainer with {', '.join(summary['reward_funcs'])}", "dpo": "TRL's DPOTrainer",
             "distill": f"TRL's DistillationTrainer from `{summary['teacher']}`"}[args.method]  # fmt: skip
     warmed = (
-        f" after a warm start ({args.warm_start_steps} steps of TRL's SFTTrainer on "
-        f"{warm.source}, lr {args.sft_learning_rate}, corpus term weight {summary['warm_start']['lm_coef']}; then: "
+        f" after a warm start ({warm.steps} steps of TRL's SFTTrainer on {warm.source}, lr "
+        f"{summary['warm_start']['learning_rate']}, corpus term weight {summary['warm_start']['lm_coef']}; then: "
         f"{warm.measured.line()})"
         if warm
         else ""

