@@ -533,9 +533,9 @@ def test_grpo_warm_starts_on_the_rows_answers_when_every_group_scores_alike(tiny
     run_summary = posttrain.run([
         "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out),
         "--dataset_name", str(folder), "--reward_funcs", "flat_rewards.zero", *TINY_POST[:-4], *TINY_GRPO,
-        "--eval_samples_per_prompt", "8", "--sft_batch_size", "3", "--keep_last", "True",
+        "--eval_samples_per_prompt", "8", "--sft_batch_size", "10", "--keep_last", "True",
     ])  # fmt: skip
-    assert run_summary["warm_start"]["steps"] == 3  # --num_prompts 8 rows, 3 a step
+    assert run_summary["warm_start"]["steps"] == 3  # every training row (24, not --num_prompts 8), 10 a step
     assert run_summary["warm_start"]["data"] == "the training rows' prompts and their `solution` column"
     assert run_summary["before"]["prompts_with_alike_samples_share"] == 1.0
     assert "first 3 steps of supervised fine-tuning on the training rows' prompts" in capsys.readouterr().out
@@ -556,6 +556,29 @@ def test_answer_rows_are_trl_prompt_completion_rows():
     both = Dataset.from_list([{"prompt": "Q:", "completion": " A", "solution": "B"}])
     assert warm_start.answer_rows(both)["completion"] == [" A"]  # TRL's completion first
     assert warm_start.answer_rows(Dataset.from_list([{"prompt": "Q:", "other": "A"}])) is None
+
+
+def test_the_answer_warm_start_is_taken_by_grpo_and_dpos_own_pairs_only_when_samples_score_alike(tiny_pretrained):
+    """GRPO and DPO ranking its own samples warm-start on the training rows' answers when 90 % of the held-out
+    prompts' samples score alike; not below that share, not with --sft_steps given, not for distillation or an
+    adapter saved alone."""
+    from types import SimpleNamespace
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
+    rows = Dataset.from_list([{"prompt": "Q:", "solution": "A"}] * 5)
+    lora = SimpleNamespace(saves_adapter=False)
+
+    def warm(method, share, sft_steps=None, model_args=lora):
+        data = SimpleNamespace(rows=rows, verse=False)
+        args = SimpleNamespace(method=method, sft_steps=sft_steps, sft_batch_size=2)
+        run = SimpleNamespace(data=data, model=model, model_args=model_args)
+        return warm_start.answer_warm_start(run, args, SimpleNamespace(alike_share=share))
+
+    for method in ("grpo", "dpo"):
+        taken = warm(method, 0.9)
+        assert taken.steps == 3 and taken.rows["completion"] == [" A"] * 5  # one epoch of 5 rows, 2 a step
+    assert warm("grpo", 0.85) is None and warm("grpo", 1.0, sft_steps=0) is None and warm("distill", 1.0) is None
+    assert warm("grpo", 1.0, model_args=SimpleNamespace(saves_adapter=True)) is None
 
 
 def test_keep_best_keeps_a_warm_start_that_no_later_step_beats(tiny_pretrained):

@@ -16,7 +16,9 @@
                 the interpolation of the tuned weights with the starting ones (WiSE-FT)
     pairs       dpo without preference data: pairs from the model's own samples, written for the user
     warm_start  supervised fine-tuning (TRL's SFTTrainer) on demonstrations of the task before the method, with
-                the corpus term; the warm-started model the method's reference
+                the corpus term, or by itself on the rows' answers when the samples all score alike; the
+                warm-started model the method's reference
+    sizing      the defaults for a model of a released checkpoint's size (fewer, smaller steps and measures)
     measures    what a run bought and cost, before and after: each reward on the held-out prompts (greedy and
                 sampled), the share of distinct completions, bits per byte on the validation text
     keep_best   never silently worse: the held-out score every --eval_steps, the best weights kept, one line

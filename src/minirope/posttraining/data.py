@@ -46,6 +46,8 @@ class TaskData:
         pair_prompts: dpo without pairs: the prompts to sample and rank (with their columns).
         source: the data's name for the card and the summary.
         verse: the verse task (no data given).
+        rows: the user's training rows, every one (not only the --num_prompts trained or sampled): where they carry
+            answers, the warm start's (`warm_start.answer_rows`); None for preference pairs and the verse task.
     """
 
     train: Dataset | None
@@ -53,6 +55,7 @@ class TaskData:
     pair_prompts: Dataset | None
     source: str
     verse: bool
+    rows: Dataset | None = None
 
 
 def load_task_data(args: PosttrainArguments, seed: int) -> TaskData:
@@ -84,8 +87,8 @@ def load_task_data(args: PosttrainArguments, seed: int) -> TaskData:
         if len(prompts) < len(train):
             print(f"[minirope] dpo's own pairs: the first {len(prompts)} of {len(train)} training prompts are sampled "
                   f"(--num_prompts)")  # fmt: skip
-        return TaskData(None, held_out, prompts, source, verse=False)
-    return TaskData(prompts, held_out, None, source, verse=False)
+        return TaskData(None, held_out, prompts, source, verse=False, rows=train)
+    return TaskData(prompts, held_out, None, source, verse=False, rows=train)
 
 
 def verse_data(args: PosttrainArguments, seed: int) -> TaskData:

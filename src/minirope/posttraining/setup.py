@@ -86,7 +86,7 @@ def prepare(args, config, model_args) -> Setup:
                          f"give one weight per reward.")  # fmt: skip
     corpus = corpus_of(args, model_args.model_name_or_path)
     check_corpus_term(corpus, config)
-    warm = demonstrations(args, data.train, data.verse) if args.warm_start_steps else None
+    warm = demonstrations(args, data.rows, data.verse) if args.warm_start_steps else None
     trust, kwargs, revision = config.trust_remote_code, model_args.init_kwargs(), model_args.model_revision
     model, tokenizer = load_causal_lm(ModelArguments(model_args.model_name_or_path, trust, revision), **kwargs)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token

@@ -20,6 +20,7 @@ RELEASED_SIZE = 20_000_000  # parameters: above, a released checkpoint (SmolLM2-
 LARGER_MODEL = {
     "all": {"eval_prompts": 64, "eval_samples_per_prompt": 8, "eval_max_new_tokens": 32, "sft_batch_size": 16},
     "grpo": {"max_steps": 20, "num_generations": 8, "per_device_train_batch_size": 16, "max_completion_length": 32},
+    "dpo": {"num_prompts": 128},  # its own pairs: 128 prompts sampled --samples_per_prompt (8) times
 }
 ANSWER_STEPS = {False: 300, True: 32}  # the warm start on the data's answers: at most one epoch, and this many steps
 SFT_LEARNING_RATE = {False: 3e-4, True: 1e-3}  # the warm start's, full weights (docs/verse_history.md) and LoRA

@@ -11,13 +11,13 @@ of the model's context ("wrapped"), as `minirope-finetune` packs plain text. The
 (0.5 by default), so that demonstrations narrower than the pretraining text cost less of it (measured in
 docs/verse_history.md: on the verse task, less than half the drift in bits per byte: +0.016 against +0.037).
 
-Where the rows of the user's task carry their answers (TRL's `solution` column, or a `completion`) and GRPO would
-have little to learn from (`answer_warm_start`: the sampled completions of at least `WARM_START_SHARE` of the held-out
-prompts all score alike, measured before training), the run warm-starts on those answers without being asked: each
-row's prompt and its answer as TRL's prompt-completion rows (conversational where the prompt is), the loss on the
-answer only, for one epoch of the rows or `sizing.ANSWER_STEPS` steps, whichever is fewer. `--sft_steps 0` turns it
-off. With `--use_peft` the warm start trains a LoRA adapter (the run's `--lora_*` flags) at its own learning rate
-(`sizing.sft_learning_rate`), merged into the weights before the method.
+Where the rows of the user's task carry their answers (TRL's `solution` column, or a `completion`) and GRPO (or DPO
+ranking its own samples into pairs) would have little to learn from (`answer_warm_start`: the sampled completions of at
+least `WARM_START_SHARE` of the held-out prompts all score alike, measured before training), the run warm-starts on
+those answers without being asked: each row's prompt and its answer as TRL's prompt-completion rows (conversational
+where the prompt is), the loss on the answer only, for one epoch of the rows or `sizing.ANSWER_STEPS` steps, whichever
+is fewer. `--sft_steps 0` turns it off. With `--use_peft` the warm start trains a LoRA adapter (the run's `--lora_*`
+flags) at its own learning rate (`sizing.sft_learning_rate`), merged into the weights before the method.
 
 The warm-started model is saved to a temporary folder and loaded back from it: TRL's GRPO (with a KL term) and DPO load
 their reference model from the path the model's config names, so the reference is the warm-started model, the one
@@ -61,9 +61,9 @@ class MiniRopeSFTTrainer(CorpusTerm, SFTTrainer):
     """TRL's `SFTTrainer`, with the corpus term of `CorpusTerm`."""
 
 
-def demonstrations(args, train: Dataset | None, verse: bool) -> WarmStart:
+def demonstrations(args, rows: Dataset | None, verse: bool) -> WarmStart:
     """The warm start's rows for `--sft_steps`: `--sft_train_file` (paths or globs), for the verse task the training
-    plays cut to their iambic lines (`iambic_plays`), else the answers of the `train` rows (`answer_rows`).
+    plays cut to their iambic lines (`iambic_plays`), else the answers in the training `rows` (`answer_rows`).
 
     Raises:
         ValueError: no demonstrations (a run on the user's data without --sft_train_file or answers in its rows),
@@ -76,12 +76,12 @@ def demonstrations(args, train: Dataset | None, verse: bool) -> WarmStart:
         if verse:
             return WarmStart(Dataset.from_dict({"text": iambic_plays()}), "the training plays cut to their iambic "
                              "lines", steps)  # fmt: skip
-        answers = answer_rows(train) if train is not None else None
+        answers = answer_rows(rows) if rows is not None else None
         if answers is None:
             raise ValueError("--sft_steps needs demonstrations of your task: give --sft_train_file (text, "
                              "prompt/completion or messages rows), or rows with a `solution` or `completion` "
                              "column.")  # fmt: skip
-        return WarmStart(answers, answer_source(train), steps)
+        return WarmStart(answers, answer_source(rows), steps)
     files = expand_files(args.sft_train_file, flag="--sft_train_file")
     texts = [path for path in files if Path(path).suffix == ".txt"]
     if texts and len(texts) < len(files):
@@ -123,24 +123,24 @@ def answer_source(train: Dataset) -> str:
 
 
 def answer_warm_start(setup, args, measured) -> WarmStart | None:
-    """The warm start a GRPO run on the user's data takes by itself (see the module doc): None unless `--sft_steps`
-    is left to its default, the rows carry answers, the run saves merged weights (not `--merge_lora False`) and at
-    least `WARM_START_SHARE` of the held-out prompts' samples
-    all scored alike in `measured` (`TaskMeasure.alike_share`)."""
-    share = measured.alike_share
-    if args.method != "grpo" or args.sft_steps is not None or setup.data.verse or share is None:
+    """The warm start a GRPO run, or DPO on its own samples, takes by itself on the user's data (see the module doc):
+    None unless `--sft_steps` is left to its default, the rows carry answers, the run saves merged weights (not
+    `--merge_lora False`) and at least `WARM_START_SHARE` of the held-out prompts' samples all scored alike in
+    `measured` (`TaskMeasure.alike_share`): GRPO's groups, and DPO's own pairs, need samples that score apart."""
+    share, prompts = measured.alike_share, setup.data.rows
+    if args.method == "distill" or prompts is None or args.sft_steps is not None or setup.data.verse:
         return None
-    if setup.model_args.saves_adapter:  # the adapter saved alone is for the model as it was given
+    if share is None or share < WARM_START_SHARE or setup.model_args.saves_adapter:  # an adapter alone: for the base
         return None
-    answers = answer_rows(setup.data.train) if share >= WARM_START_SHARE else None
+    answers = answer_rows(prompts)
     if answers is None:
         return None
     big = larger(setup.model.num_parameters())
     steps = min(math.ceil(len(answers) / args.sft_batch_size), ANSWER_STEPS[big])
-    print(f"[minirope] {share:.0%} of the held-out prompts' samples all score alike, which gives GRPO little to learn "
-          f"from: first {steps} steps of supervised fine-tuning on {answer_source(setup.data.train)} (--sft_steps 0 "
+    print(f"[minirope] {share:.0%} of the held-out prompts' samples all score alike, which gives {args.method} little "
+          f"to learn from: first {steps} steps of supervised fine-tuning on {answer_source(prompts)} (--sft_steps 0 "
           f"skips it)")  # fmt: skip
-    return WarmStart(answers, answer_source(setup.data.train), steps)
+    return WarmStart(answers, answer_source(prompts), steps)
 
 
 def warm_start(setup, args, config) -> tuple[object, tempfile.TemporaryDirectory]:
