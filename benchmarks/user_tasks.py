@@ -161,6 +161,8 @@ def main() -> None:
             "after": summary["after"]["rewards_greedy"]["exact"],
             "kept": summary["kept"]["kept_step"],
             "gained": summary["gained"],
+            "alike_share": summary["before"]["prompts_with_alike_samples_share"],
+            "warm_start_steps": (summary["warm_start"] or {}).get("steps", 0),
             "steps": summary["steps"],
             "seconds": seconds,
             "date": time.strftime("%Y-%m-%d"),

@@ -560,17 +560,17 @@ def test_answer_rows_are_trl_prompt_completion_rows():
 
 def test_the_answer_warm_start_is_taken_by_grpo_and_dpos_own_pairs_only_when_samples_score_alike(tiny_pretrained):
     """GRPO and DPO ranking its own samples warm-start on the training rows' answers when 90 % of the held-out
-    prompts' samples score alike; not below that share, not with --sft_steps given, not for distillation or an
-    adapter saved alone."""
+    prompts' samples (8 or more) score alike; not below that share, with fewer samples, with --sft_steps given, for
+    distillation or for an adapter saved alone."""
     from types import SimpleNamespace
 
     model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
     rows = Dataset.from_list([{"prompt": "Q:", "solution": "A"}] * 5)
     lora = SimpleNamespace(saves_adapter=False)
 
-    def warm(method, share, sft_steps=None, model_args=lora):
+    def warm(method, share, sft_steps=None, model_args=lora, samples=8):
         data = SimpleNamespace(rows=rows, verse=False)
-        args = SimpleNamespace(method=method, sft_steps=sft_steps, sft_batch_size=2)
+        args = SimpleNamespace(method=method, sft_steps=sft_steps, sft_batch_size=2, eval_samples_per_prompt=samples)
         run = SimpleNamespace(data=data, model=model, model_args=model_args)
         return warm_start.answer_warm_start(run, args, SimpleNamespace(alike_share=share))
 
@@ -578,6 +578,7 @@ def test_the_answer_warm_start_is_taken_by_grpo_and_dpos_own_pairs_only_when_sam
         taken = warm(method, 0.9)
         assert taken.steps == 3 and taken.rows["completion"] == [" A"] * 5  # one epoch of 5 rows, 2 a step
     assert warm("grpo", 0.85) is None and warm("grpo", 1.0, sft_steps=0) is None and warm("distill", 1.0) is None
+    assert warm("grpo", 1.0, samples=4) is None  # 4 samples alike: too few to tell
     assert warm("grpo", 1.0, model_args=SimpleNamespace(saves_adapter=True)) is None
 
 

@@ -31,6 +31,7 @@ SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 1.0}
 GREEDY = {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
 METRIC = "eval_bits_per_byte"
 RUN_STATE = ("bf16", "fp16", "use_cpu")  # what accelerate holds once per process
+SIGNAL_SAMPLES = 8  # fewer samples of a prompt score alike by chance on a task the model sometimes gets right
 
 
 @dataclass

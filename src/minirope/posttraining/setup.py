@@ -17,7 +17,7 @@ from minirope.posttraining.corpus import (
 )
 from minirope.posttraining.data import check_chat_template, load_task_data
 from minirope.posttraining.keep_best import KeepBest, Selection, held_out_score, weighted_sum
-from minirope.posttraining.measures import SAMPLING, measure_task, sample
+from minirope.posttraining.measures import SAMPLING, SIGNAL_SAMPLES, measure_task, sample
 from minirope.posttraining.rewards import check_rewards, resolve_reward
 from minirope.posttraining.warm_start import demonstrations
 from minirope.training.checkpoints import check_resume, resolve_resume
@@ -130,9 +130,6 @@ def measure(setup: Setup, args, config):
                             setup.corpus.validation, setup.data.verse)  # fmt: skip
     print(f"[minirope] {measured.prompts} held-out prompts: {measured.line()}")
     return measured
-
-
-SIGNAL_SAMPLES = 8  # fewer samples of a prompt score alike by chance on a task the model sometimes gets right
 
 
 def check_signal(measured, args, warm_started: bool = False) -> None:

