@@ -29,7 +29,8 @@ from test_resume import RUN as RESUME_RUN
 from transformers import AutoTokenizer
 
 from minirope import MiniRopeForCausalLM
-from minirope.commands import export, extend, finetune, posttrain, pretrain
+from minirope.commands import export, extend, finetune, import_model, posttrain, pretrain
+from minirope.convert import to_llama
 
 REPO = "me/tiny"
 # Loads a repository by id and the local folder where `import minirope` fails, and prints each one's greedy tokens.
@@ -229,7 +230,7 @@ def test_a_push_that_fails_after_training_keeps_the_folder_and_says_how_to_uploa
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
 
 
-@pytest.mark.parametrize("command", ["finetune", "extend", "posttrain", "export"])
+@pytest.mark.parametrize("command", ["finetune", "extend", "posttrain", "export", "import"])
 def test_every_command_checks_its_push_before_it_loads_the_model(hub_here, tmp_path, monkeypatch, capsys, command):
     """The other commands check a push as pretrain does, before they read the model (here: no such folder)."""
     monkeypatch.setenv("HF_TOKEN", "hf_read")
@@ -237,11 +238,33 @@ def test_every_command_checks_its_push_before_it_loads_the_model(hub_here, tmp_p
     argv = {
         "export": ["--model", model, "--format", "llama", "--output", str(tmp_path / "out"), "--push_to_hub", REPO],
         "posttrain": ["--model", model, "--output_dir", str(tmp_path / "out"), "--push_to_hub", "True"],
+        "import": [model, "--output_dir", str(tmp_path / "out"), "--push_to_hub", REPO],
     }.get(command, ["--model_name_or_path", model, "--output_dir", str(tmp_path / "out"), "--push_to_hub", "True"])
-    main = {"finetune": finetune.main, "extend": extend.main, "posttrain": posttrain.main, "export": export.main}
+    main = {"finetune": finetune.main, "extend": extend.main, "posttrain": posttrain.main, "export": export.main,
+            "import": import_model.main}  # fmt: skip
     err = cli_error(main[command], argv, monkeypatch, capsys)
     assert "--push_to_hub: the token of me is read-only" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_import_pushes_the_imported_folder_once_and_it_loads_by_repo_id_without_minirope(hub, pushed, tmp_path):
+    """`minirope-import --push_to_hub` with a bare name: the token's namespace, the folder as written in one commit,
+    a card whose code loads the repository; a process that cannot import minirope loads it by id and decodes the
+    local folder's greedy tokens."""
+    server, env = hub
+    llama, out = tmp_path / "llama", tmp_path / "imported"
+    to_llama(MiniRopeForCausalLM.from_pretrained(pushed), save_directory=llama)
+    AutoTokenizer.from_pretrained(pushed).save_pretrained(llama)
+    run(minirope("import_model", str(llama), "--output_dir", str(out), "--push_to_hub", "imported"), env, tmp_path)
+    repo = "me/imported"
+    files = server.files(repo)
+    assert set(files) == {str(path.relative_to(out)) for path in out.rglob("*") if path.is_file()}
+    assert all(files[path] == (out / path).read_bytes() for path in files)
+    assert server.commits(repo) == ["minirope-import llama"]
+    assert f'from_pretrained("{repo}"' in files["README.md"].decode()  # the repo, not the folder "imported"
+    loaded = load_by_id([repo, str(out)], env, tmp_path)
+    assert loaded[repo]["module"].startswith("transformers_modules.") and "modeling_minirope" in loaded[repo]["module"]
+    assert loaded[repo]["ids"] == loaded[str(out)]["ids"]
 
 
 DOWNLOAD = """

@@ -93,9 +93,13 @@ def test_long_context(tmp_path, tiny_pretrained):
 def test_exports_benchmark(tmp_path, tiny_pretrained):
     pytest.importorskip("llama_cpp")  # the script's clients: llama.cpp and onnxruntime
     pytest.importorskip("onnxruntime")
-    printed = run_script("benchmarks/exports.py", "--model", tiny_pretrained, "--output", tmp_path)
-    for name in ("llama", "onnx", "gguf f32", "gguf q8_0"):
-        assert name in printed, name
+    pytest.importorskip("executorch")
+    printed = run_script("benchmarks/exports.py", "--model", tiny_pretrained, "--output", tmp_path, "--executorch")
+    rows = {row["export"].split(" (")[0]: row for row in json.loads((tmp_path / "exports.json").read_text())["rows"]}
+    assert list(rows) == ["to_llama", "onnx", "gguf f32", "gguf f16", "gguf q8_0", "executorch f32", "executorch 8da8w"]
+    for name in ("to_llama", "onnx", "gguf f32", "executorch f32"):  # float32 forms: the same logits
+        assert rows[name]["max_abs_logit_difference"] < 1e-4, printed
+    assert all(rows[name]["greedy_64_identical"] for name in ("onnx", "gguf f32", "executorch f32")), printed
 
 
 def test_classify_plays(tmp_path, tiny_pretrained):

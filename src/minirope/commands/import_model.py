@@ -3,6 +3,7 @@
     minirope-import HuggingFaceTB/SmolLM2-135M-Instruct --output_dir smol            # a Hub id (--revision)
     minirope-import path/to/llama-folder --output_dir my-llama --dtype bfloat16     # a transformers folder
     minirope-import SmolLM2-135M-Instruct.Q4_1.gguf --output_dir smol               # a GGUF file (llama.cpp's)
+    minirope-import SmolLM2-135M-Instruct.Q4_1.gguf --output_dir smol --push_to_hub me/smol   # and upload it
 
 The source is read by transformers itself: `LlamaForCausalLM.from_pretrained(source)` (a GGUF with `gguf_file=`, its
 quantized tensors dequantized by transformers' GGUF loader) and `AutoTokenizer.from_pretrained` (the chat template
@@ -10,6 +11,8 @@ included); `minirope.convert.from_llama` copies the weights into `MiniRopeForCau
 logits are Llama's. The folder holds safetensors weights (`--dtype`), the config with minirope's remote code, the
 tokenizer, the generation config and a model card naming the source (`base_model` for a Hub id). It is written beside
 its final place and moved there complete; what minirope cannot represent is refused before anything is written.
+`--push_to_hub REPO` checks the token's right to write REPO before any work, then uploads the finished folder in one
+commit; its card's code loads REPO (with `trust_remote_code=True` where minirope is not installed).
 """
 
 import json
@@ -22,6 +25,7 @@ from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, LlamaForCa
 
 from minirope.commands import run_cli
 from minirope.folders import check_output, first_line, looks_local
+from minirope.output.hub import check_write_access, upload
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -38,6 +42,13 @@ class ImportArguments:
         metadata={"help": f"The weights' dtype in the folder: {', '.join(DTYPES)} (a GGUF is dequantized to it)."},
     )
     overwrite: bool = field(default=False, metadata={"help": "Replace an existing --output_dir."})
+    push_to_hub: str | None = field(
+        default=None,
+        metadata={
+            "help": "Upload the written folder to this Hub repository (`user/name`; a bare name is in your "
+            "namespace), in one commit; the token's right to write it is checked before any work."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -118,8 +129,9 @@ def drop_tokens_past_vocabulary(folder: Path, vocab_size: int) -> list[str]:
     return dropped
 
 
-def card(args: ImportArguments, model, output: Path):
-    """The folder's model card: what it was imported from, `base_model` when that is a Hub id."""
+def card(args: ImportArguments, model, name: str):
+    """The folder's model card: what it was imported from, `base_model` when that is a Hub id; its code loads `name`
+    (the Hub repository when pushing, else the folder's name)."""
     from minirope.output.card import model_card
 
     source = Path(args.source).name if args.local else args.source
@@ -129,7 +141,7 @@ def card(args: ImportArguments, model, output: Path):
         f"same parameter names (the same logits), saved as {args.dtype}"
         + (", its quantized tensors dequantized by transformers' GGUF loader." if args.gguf else ".")
     )
-    result = model_card(output.name, model.config, {}, None, how, base_model=source, methods=("imported",))
+    result = model_card(name, model.config, {}, None, how, base_model=source, methods=("imported",))
     result.data.base_model_relation = None  # the same weights: neither a fine-tune nor an adapter
     return result
 
@@ -138,8 +150,10 @@ def run(argv: list[str] | None = None) -> Path:
     """Parse `argv`, read the source with transformers, write the minirope folder; returns its path.
 
     Raises:
-        ValueError: bad flags or a source minirope cannot represent (`check_source`); nothing is written.
+        ValueError: bad flags, a source minirope cannot represent (`check_source`) or a push that cannot happen
+            (`check_write_access`); nothing is written.
         FileExistsError: `--output_dir` exists and `--overwrite` is not set.
+        OSError: the upload failed after the folder was written (the message gives the command to upload it).
     """
     from minirope.convert import from_llama
     from minirope.export import staged
@@ -149,6 +163,7 @@ def run(argv: list[str] | None = None) -> Path:
     check_output(output, "--output_dir", {"source": args.source if args.local else None})
     if output.exists() and not args.overwrite:
         raise FileExistsError(f"--output_dir {output} exists: choose another, or pass --overwrite True.")
+    repo = check_write_access(args.push_to_hub, None, "--push_to_hub") if args.push_to_hub else None
     check_source(args)
     kwargs = args.from_pretrained_kwargs()
     llama = LlamaForCausalLM.from_pretrained(**kwargs, dtype=DTYPES[args.dtype])
@@ -159,7 +174,7 @@ def run(argv: list[str] | None = None) -> Path:
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         dropped = drop_tokens_past_vocabulary(folder, model.config.vocab_size)
-        card(args, model, output).save(folder / "README.md")
+        card(args, model, repo or output.name).save(folder / "README.md")
     if dropped:
         print(f"[minirope] left out {', '.join(dropped)}: added by transformers' tokenizer conversion past the "
               f"model's {model.config.vocab_size} embedding rows, so the model has no weights for them")  # fmt: skip
@@ -167,6 +182,8 @@ def run(argv: list[str] | None = None) -> Path:
     template = "with its chat template" if tokenizer.chat_template else "no chat template"
     print(f"[minirope] {args.source} -> {output}/: {parameters / 1e6:.1f}M parameters ({args.dtype}), "
           f"{len(tokenizer)} tokens ({template}); load it with AutoModelForCausalLM.from_pretrained")  # fmt: skip
+    if repo:
+        print(f"[minirope] pushed to {upload(output, repo, f'minirope-import {Path(args.source).name}')}")
     return output
 
 

@@ -18,7 +18,6 @@ from huggingface_hub import ModelCard
 from transformers import PreTrainedConfig, TrainingArguments
 
 from minirope.configuration_minirope import ARCHITECTURE_FIELDS
-from minirope.folders import first_line
 
 MARKERS = ("adapter_config.json", "config.json")  # moved last: their presence means "complete"
 # What a minirope run leaves in its folder however early it stopped (the posttrain pairs are written before
@@ -182,24 +181,14 @@ NOT_PUSHED = ["_*", "checkpoint-*", ".staging", ".hub-checkpoint"]  # as the Tra
 
 def push_folder(args: TrainingArguments, output_dir: Path) -> None:
     """Upload the published `output_dir` to `--hub_model_id` (the full id `check_push` set) in one commit, as it is
-    on disk: nothing is saved again (the Trainer's own `push_to_hub` would first re-save the model over the published
-    folder).
+    on disk (`minirope.output.hub.upload`): nothing is saved again (the Trainer's own `push_to_hub` would first
+    re-save the model over the published folder); the checkpoints and scratch folders stay local.
 
     Raises:
         OSError: the push failed; the message says the files are saved and gives the command to upload them.
     """
-    from huggingface_hub import HfApi
+    from minirope.output.hub import upload
 
-    repo = args.hub_model_id
-    try:
-        api = HfApi(token=args.hub_token)
-        api.create_repo(repo, private=args.hub_private_repo, exist_ok=True)
-        ignore = [*NOT_PUSHED, *(f"{pattern}/**" for pattern in NOT_PUSHED)]
-        api.upload_folder(repo_id=repo, folder_path=output_dir, commit_message=PUSH_MESSAGE,
-                          revision=args.hub_revision, ignore_patterns=ignore)  # fmt: skip
-    except Exception as error:  # HTTP and transport errors alike: the folder is safe, say how to upload it
-        reason = first_line(error)
-        raise OSError(
-            f"the push to {repo} failed ({type(error).__name__}: {reason}); the model is saved in {output_dir}/: "
-            f"upload it with `hf upload {repo} {output_dir} --exclude 'checkpoint-*/*'`."
-        ) from None
+    ignore = [*NOT_PUSHED, *(f"{pattern}/**" for pattern in NOT_PUSHED)]
+    upload(output_dir, args.hub_model_id, PUSH_MESSAGE, token=args.hub_token, private=args.hub_private_repo,
+           revision=args.hub_revision, ignore=ignore)  # fmt: skip
