@@ -614,7 +614,13 @@ def test_a_released_size_model_gets_defaults_sized_for_it_and_a_given_flag_wins(
     defaults; a flag on the command line, or in the --config file, wins; minirope's own tiny model keeps the methods'
     defaults."""
     from minirope import MiniRopeConfig
-    from minirope.posttraining.sizing import LARGER_MODEL, count_parameters
+    from minirope.posttraining.sizing import (
+        AFTER_WARM_START,
+        LARGER_LORA,
+        LARGER_MODEL,
+        after_warm_start,
+        count_parameters,
+    )
 
     shape = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 8,
              "num_attention_heads": 8, "num_key_value_heads": 4}  # fmt: skip
@@ -625,6 +631,13 @@ def test_a_released_size_model_gets_defaults_sized_for_it_and_a_given_flag_wins(
     args, config, _ = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--max_steps", "7"])
     assert config.max_steps == 7 and config.num_generations == LARGER_MODEL["grpo"]["num_generations"]
     assert args.eval_prompts == LARGER_MODEL["all"]["eval_prompts"] and "max_steps" not in args.sized
+    assert config.learning_rate == 1e-4  # full weights: the data default
+    args, config, model_args = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--use_peft"])
+    assert model_args.use_peft and config.learning_rate == LARGER_LORA["grpo"]["learning_rate"] != 1e-4
+    assert after_warm_start(args, config) == AFTER_WARM_START["grpo"] and config.learning_rate == 1e-4
+    args, config, _ = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--use_peft",
+                                  "--learning_rate", "3e-4"])  # fmt: skip
+    assert after_warm_start(args, config) == {} and config.learning_rate == 3e-4  # the user's flag stays
     (tmp_path / "run.yaml").write_text("num_generations: 4\n")
     _, config, _ = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--config",
                                str(tmp_path / "run.yaml")])  # fmt: skip

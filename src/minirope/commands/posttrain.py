@@ -37,10 +37,18 @@ def run(argv: list[str] | None = None) -> dict:
     if importlib.util.find_spec("trl") is None:
         raise ValueError("minirope-posttrain runs TRL's trainers: install them with `pip install minirope[trl]`.")
     from minirope.posttraining.arguments import parse_args
-    from minirope.posttraining.keep_best import weighted_sum
     from minirope.posttraining.pairs import own_preference_pairs
     from minirope.posttraining.report import report
-    from minirope.posttraining.setup import build_trainer, check_signal, final_weights, keep_best, measure, prepare
+    from minirope.posttraining.setup import (
+        build_trainer,
+        check_signal,
+        final_weights,
+        held_out_value,
+        keep_best,
+        measure,
+        prepare,
+    )
+    from minirope.posttraining.sizing import after_warm_start
     from minirope.posttraining.warm_start import answer_warm_start, warm_start
 
     args, config, model_args = parse_args(argv)
@@ -56,8 +64,10 @@ def run(argv: list[str] | None = None) -> dict:
         print(f"[minirope] warm start: {setup.warm.steps} steps of SFT on {setup.warm.source}")
         setup.warm.measured = measure(setup, args, config)
         if keep is not None:
-            weights = getattr(config, "reward_weights", None)  # distill has none
-            keep.warm_started(weighted_sum(setup.warm.measured.greedy, weights), setup.model)
+            keep.warm_started(held_out_value(setup.warm.measured, config), setup.model)
+        if changes := after_warm_start(args, config):
+            flags = " ".join(f"--{name} {value}" for name, value in changes.items())
+            print(f"[minirope] after the warm start: {flags} (minirope.posttraining.sizing.AFTER_WARM_START)")
     check_signal(setup.warm.measured if setup.warm else before, args, warm_started=bool(setup.warm))
     train = setup.data.train if setup.data.train is not None else own_preference_pairs(setup, args, config)
     start_weights = (  # kept only to interpolate with

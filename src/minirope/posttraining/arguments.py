@@ -464,6 +464,7 @@ class Preparsed:
     model_name_or_path: str | None = field(default=None, metadata={"aliases": ["--model"]})
     model_revision: str = field(default="main", metadata={"aliases": ["--revision"]})
     trust_remote_code: bool = False
+    use_peft: bool = False
 
     def sized_defaults(self) -> dict:
         """The flags' defaults for this model (`sizing.sized_defaults`); {} without a model, a method or a config
@@ -474,7 +475,7 @@ class Preparsed:
             parameters = count_parameters(self.model_name_or_path, self.model_revision, self.trust_remote_code)
         except (ValueError, OSError):
             return {}
-        return sized_defaults(self.method, parameters)
+        return sized_defaults(self.method, parameters, self.use_peft)
 
 
 def preparse(argv: list[str], arguments: dict) -> Preparsed:

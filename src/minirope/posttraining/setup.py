@@ -160,6 +160,11 @@ def check_signal(measured, args, warm_started: bool = False) -> None:
               f"other prompts' groups (TRL logs the share of such groups as frac_reward_zero_std)")  # fmt: skip
 
 
+def held_out_value(measures, config) -> float:
+    """The score `KeepBest` compares: the greedy means of `measures` (`measure`'s), weighted by `--reward_weights`."""
+    return weighted_sum(measures.greedy, getattr(config, "reward_weights", None))  # distill has no weights
+
+
 def keep_best(setup: Setup, args, config, before) -> KeepBest | None:
     """The `KeepBest` callback of the run: the held-out score of the rewards (weighted by `--reward_weights`), greedy,
     every `--eval_steps`; the starting model's score taken from the `before` measures (the same completions). None
@@ -174,7 +179,7 @@ def keep_best(setup: Setup, args, config, before) -> KeepBest | None:
         keep_last=args.keep_last,
     )
     # an adapter saved alone starts from the adapter's first weights, taken when training begins
-    keep.start(weighted_sum(before.greedy, weights), None if setup.model_args.saves_adapter else setup.model)
+    keep.start(held_out_value(before, config), None if setup.model_args.saves_adapter else setup.model)
     keep.resume(setup.resume)
     return keep
 
