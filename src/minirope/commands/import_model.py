@@ -25,7 +25,8 @@ from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, LlamaForCa
 
 from minirope.commands import run_cli
 from minirope.folders import check_output, first_line, looks_local
-from minirope.output.hub import check_write_access, upload
+from minirope.output.folder import upload
+from minirope.output.hub import check_write_access
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -18,6 +18,7 @@ from huggingface_hub import ModelCard
 from transformers import PreTrainedConfig, TrainingArguments
 
 from minirope.configuration_minirope import ARCHITECTURE_FIELDS
+from minirope.folders import first_line
 
 MARKERS = ("adapter_config.json", "config.json")  # moved last: their presence means "complete"
 # What a minirope run leaves in its folder however early it stopped (the posttrain pairs are written before
@@ -179,16 +180,41 @@ PUSH_MESSAGE = "minirope: end of training"
 NOT_PUSHED = ["_*", "checkpoint-*", ".staging", ".hub-checkpoint"]  # as the Trainer's push skips, and the scratch
 
 
+def upload(folder: Path, repo: str, message: str, *, token: str | None = None, private: bool | None = None,
+           revision: str | None = None, ignore: list[str] | None = None) -> str:  # fmt: skip
+    """Upload `folder` to the Hub repository `repo` (created if missing; `private` as `create_repo` takes it) in one
+    commit with `message`, skipping the `ignore` glob patterns; returns the commit's URL. Nothing is saved again:
+    what is on disk is what is uploaded.
+
+    Raises:
+        OSError: the upload failed (HTTP or transport); the message says the files are saved in `folder` and gives
+            the `hf upload` command that uploads them.
+    """
+    from huggingface_hub import HfApi
+
+    try:
+        api = HfApi(token=token)
+        api.create_repo(repo, private=private, exist_ok=True)
+        commit = api.upload_folder(repo_id=repo, folder_path=folder, commit_message=message, revision=revision,
+                                   ignore_patterns=ignore)  # fmt: skip
+    except Exception as error:  # HTTP and transport errors alike: the folder is safe, say how to upload it
+        present = [pattern for pattern in ignore or [] if "/" not in pattern and any(Path(folder).glob(pattern))]
+        exclude = "".join(f" --exclude '{pattern}/*'" for pattern in present)
+        raise OSError(
+            f"the push to {repo} failed ({type(error).__name__}: {first_line(error)}); the model is saved in "
+            f"{folder}/: upload it with `hf upload {repo} {folder}{exclude}`."
+        ) from None
+    return commit.commit_url
+
+
 def push_folder(args: TrainingArguments, output_dir: Path) -> None:
     """Upload the published `output_dir` to `--hub_model_id` (the full id `check_push` set) in one commit, as it is
-    on disk (`minirope.output.hub.upload`): nothing is saved again (the Trainer's own `push_to_hub` would first
+    on disk (`upload`): nothing is saved again (the Trainer's own `push_to_hub` would first
     re-save the model over the published folder); the checkpoints and scratch folders stay local.
 
     Raises:
         OSError: the push failed; the message says the files are saved and gives the command to upload them.
     """
-    from minirope.output.hub import upload
-
     ignore = [*NOT_PUSHED, *(f"{pattern}/**" for pattern in NOT_PUSHED)]
     upload(output_dir, args.hub_model_id, PUSH_MESSAGE, token=args.hub_token, private=args.hub_private_repo,
            revision=args.hub_revision, ignore=ignore)  # fmt: skip

@@ -3,8 +3,6 @@ the checkpoint another machine pushed.
 
 - `check_push`: with `--push_to_hub`, the token, the Hub and the right to write the repository are checked when the
   flags are parsed, so that a push that cannot happen is one line before training, not a traceback after it.
-- `upload`: a finished folder to a repository in one commit, as it is on disk; a failure says the files are saved and
-  gives the command that uploads them.
 - `hub_checkpoint`: `--resume_from_checkpoint last` on a machine without a local checkpoint takes the repository's
   `last-checkpoint/` (pushed by `--hub_strategy checkpoint`, the Trainer's name for it) when the run pushes there.
 """
@@ -18,7 +16,6 @@ from huggingface_hub import HfApi, constants, get_token, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
 from transformers import TrainingArguments
 
-from minirope.folders import first_line
 from minirope.output.folder import checkpoint_folders
 
 HUB_CHECKPOINT = "last-checkpoint"  # where the Trainer pushes each checkpoint with --hub_strategy checkpoint
@@ -105,31 +102,6 @@ def check_write_access(repo: str, token: str | None, flag: str) -> str:
             f"token with write access to {repo_id.split('/')[0]}/."
         )
     return repo_id
-
-
-def upload(folder: Path, repo: str, message: str, *, token: str | None = None, private: bool | None = None,
-           revision: str | None = None, ignore: list[str] | None = None) -> str:  # fmt: skip
-    """Upload `folder` to the Hub repository `repo` (created if missing; `private` as `create_repo` takes it) in one
-    commit with `message`, skipping the `ignore` glob patterns; returns the commit's URL. Nothing is saved again:
-    what is on disk is what is uploaded.
-
-    Raises:
-        OSError: the upload failed (HTTP or transport); the message says the files are saved in `folder` and gives
-            the `hf upload` command that uploads them.
-    """
-    try:
-        api = HfApi(token=token)
-        api.create_repo(repo, private=private, exist_ok=True)
-        commit = api.upload_folder(repo_id=repo, folder_path=folder, commit_message=message, revision=revision,
-                                   ignore_patterns=ignore)  # fmt: skip
-    except Exception as error:  # HTTP and transport errors alike: the folder is safe, say how to upload it
-        present = [pattern for pattern in ignore or [] if "/" not in pattern and any(Path(folder).glob(pattern))]
-        exclude = "".join(f" --exclude '{pattern}/*'" for pattern in present)
-        raise OSError(
-            f"the push to {repo} failed ({type(error).__name__}: {first_line(error)}); the model is saved in "
-            f"{folder}/: upload it with `hf upload {repo} {folder}{exclude}`."
-        ) from None
-    return commit.commit_url
 
 
 def hub_checkpoint(args: TrainingArguments) -> str | None:
