@@ -24,11 +24,11 @@ import numpy as np
 import onnxruntime
 import torch
 import transformers
+from bench_speed import cpu_description  # the benchmarks' CPU description (this folder is on sys.path when run)
 from transformers import AutoTokenizer
 
 from minirope import MiniRopeForCausalLM
 from minirope.convert import to_llama
-from minirope.cpu_products import cpu_model_name
 from minirope.data.bundled import shakespeare_dataset
 from minirope.export import export_executorch, export_gguf, export_onnx
 
@@ -116,10 +116,8 @@ def main() -> None:
         difference, last = r["max_abs_logit_difference"], r["last_position_difference"]
         print(f"{r['export']:26s} {megabytes:>6s} {difference:12.2e} {last:9.2e} {r['argmax_agreement']:7.3f} "
               f"{r['greedy_64_identical']}")  # fmt: skip
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     machine = {
-        "cpu": cpu_model_name(),
-        "vector_flags": [flag for flag in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f" {flag}" in flags],
+        "cpu": cpu_description(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

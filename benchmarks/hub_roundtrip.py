@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 import transformers
-
-from minirope.cpu_products import cpu_model_name
+from bench_speed import cpu_description  # the benchmarks' CPU description (this folder is on sys.path when run)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from hub_server import LoopbackHub  # noqa: E402
@@ -91,7 +90,7 @@ def main() -> None:
         "remote_reply": remote["reply"],
         "local_reply": local["reply"],
         "replies_equal": remote["reply"] == local["reply"],
-        "machine": {"cpu": cpu_model_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "machine": {"cpu": cpu_description(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                     "transformers": transformers.__version__, "python": platform.python_version(),
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
     }  # fmt: skip

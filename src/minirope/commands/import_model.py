@@ -25,8 +25,6 @@ from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, LlamaForCa
 
 from minirope.commands import run_cli
 from minirope.folders import check_output, first_line, looks_local
-from minirope.output.folder import upload
-from minirope.output.hub import check_write_access
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -158,6 +156,8 @@ def run(argv: list[str] | None = None) -> Path:
     """
     from minirope.convert import from_llama
     from minirope.export import staged
+    from minirope.output.folder import upload
+    from minirope.output.hub import check_write_access
 
     args = parse_args(argv)
     output = Path(args.output_dir)
