@@ -62,3 +62,20 @@ def test_speed_benchmark_compares_the_default_model_with_llama(tmp_path):
     assert row["cpu"] == record["cpu"] and row["torch"] == torch.__version__
     assert row["ratios"] == {name: round(case["ratio"], 3) for name, case in cases.items()}
     assert "greedy decode default fp32 batch 1, measured products" in row["ratios"]
+
+
+@pytest.mark.client
+def test_posttrain_speed_runs_trl_and_minirope_side_by_side_for_one_step(tiny_pretrained, tmp_path):
+    """`benchmarks/posttrain_speed.py` on the tiny model for one step: both sides train in their own process, and
+    the row names the machine, both times, both peak resident sets and their ratios."""
+    pytest.importorskip("trl")
+    output = tmp_path / "speed.jsonl"
+    command = [sys.executable, str(BENCHMARKS / "posttrain_speed.py"), "--model", str(tiny_pretrained), "--steps", "1",
+               "--max_completion_length", "4", "--output", str(output)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = [json.loads(line) for line in output.read_text().splitlines()]
+    assert row["trl_defaults"]["train_seconds"] > 0 and row["minirope"]["train_seconds"] > 0
+    assert row["trl_defaults"]["gradient_checkpointing"] and row["trl_defaults"]["bf16"]  # TRL's own defaults
+    assert row["train_time_ratio"] > 0 and 0 < row["peak_rss_ratio"] and row["machine"]["torch"]
+    assert row["command"].startswith("benchmarks/posttrain_speed.py") and "minirope / TRL" in done.stdout

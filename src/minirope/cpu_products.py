@@ -155,29 +155,67 @@ def decision_name(in_features: int, out_features: int, rows: int | str, model_mi
     return f"{in_features} x {out_features}, {rows} rows, {model_mib} MiB"
 
 
-def decisions(shapes: set[tuple[int, int]], model_mib: int, rows: tuple[int, ...] = ROWS) -> dict[str, dict]:
-    """`{decision_name: measure(...)}` for every `(in, out)` shape at every row count of `rows` in a model of
-    `model_mib` MiB of float32 weights: read from the cache for this machine, measured (and added) where missing."""
-    path, key = cache_path(), machine()
+def read_cache() -> dict:
+    """The whole cache file (`{machine: {decision name: decision}}`); {} where there is none or it is unreadable."""
     try:
-        cache = json.loads(path.read_text())
+        return json.loads(cache_path().read_text())
     except (OSError, ValueError):
-        cache = {}
-    known = cache.setdefault(key, {})
+        return {}
+
+
+def write_cache(cache: dict) -> None:
+    """Write `cache` whole (a scratch file renamed over the old one); a read-only home only says so."""
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_suffix(f".{os.getpid()}.tmp")
+        scratch.write_text(json.dumps(cache, indent=1))
+        scratch.replace(path)  # whole or not at all
+    except OSError as error:  # decided all the same, measured again next time
+        print(f"[minirope] could not cache the product timings in {path} ({error}); set MINIROPE_CACHE")
+
+
+def decisions(
+    shapes: set[tuple[int, int]], model_mib: int, rows: tuple[int, ...] = ROWS, timing: bool = True
+) -> dict[str, dict] | None:
+    """`{decision_name: measure(...)}` for every `(in, out)` shape at every row count of `rows` in a model of
+    `model_mib` MiB of float32 weights: read from the cache for this machine, measured (and added) where missing;
+    without `timing`, None where any is missing (nothing is timed)."""
+    cache = read_cache()
+    known = cache.setdefault(machine(), {})
     wanted = {decision_name(i, o, r, model_mib): (i, o, r, model_mib if r < TRAINING_ROWS else 0)
               for i, o in sorted(shapes) for r in rows}  # fmt: skip
     missing = {name: args for name, args in wanted.items() if name not in known}
+    if missing and not timing:
+        return None
     for name, args in missing.items():
         known[name] = measure(*args)
     if missing:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            scratch = path.with_suffix(f".{os.getpid()}.tmp")
-            scratch.write_text(json.dumps(cache, indent=1))
-            scratch.replace(path)  # whole or not at all
-        except OSError as error:  # a read-only home: decided all the same, measured again next time
-            print(f"[minirope] could not cache the product timings in {path} ({error}); set MINIROPE_CACHE")
+        write_cache(cache)
     return {name: known[name] for name in wanted}
+
+
+def step_decision(
+    model: nn.Module, linears: dict, faster: list[str], other: dict, rows: int, timing: bool
+) -> bool | None:
+    """Whether moving the `faster` products to oneDNN makes the model's whole one-token step of `rows` sequences
+    `STEP_MARGIN` times faster (`step_seconds` with and without them), cached per machine under the model's shapes and
+    the moved products; without `timing`, the cached answer or None (nothing is timed)."""
+    shapes = sorted({(m.in_features, m.out_features) for m in linears.values()})
+    name = f"step, {rows} rows, {len(linears)} linears {shapes}, moved {sorted(faster)}"
+    cache = read_cache()
+    known = cache.setdefault(machine(), {})
+    if name in known or not timing:
+        return known.get(name, {}).get("onednn")
+    plain = step_seconds(model, rows)
+    for module_name in faster:
+        move(linears[module_name], (*other[module_name], rows))
+    moved = step_seconds(model, rows)
+    for module_name in faster:
+        move(linears[module_name], other[module_name])
+    known[name] = {"torch_s": round(plain, 6), "onednn_s": round(moved, 6), "onednn": plain > STEP_MARGIN * moved}
+    write_cache(cache)
+    return known[name]["onednn"]
 
 
 def plain_float32_cpu(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -245,7 +283,7 @@ def step_seconds(model: nn.Module, rows: int) -> float:
     return best
 
 
-def use_measured_products(model: nn.Module, training: bool = False) -> dict[str, list[str]]:
+def use_measured_products(model: nn.Module, training: bool = False, timing: bool = True) -> dict[str, list[str]]:
     """Send `model`'s decoding products (or with `training`, its products of more than 8 rows: training, prefill,
     evaluation) to oneDNN where this machine measured it faster (see the module docstring).
 
@@ -256,9 +294,13 @@ def use_measured_products(model: nn.Module, training: bool = False) -> dict[str,
     `TRAINING_ROWS` rows (cached), which are compute-bound and as fast among the others as alone; so a machine
     makes the same choice in every run.
 
+    Both decisions are cached per machine (`cache_path`), so a machine makes the same choice in every run; without
+    `timing` only cached decisions apply and nothing is timed (a short reply is not kept waiting for a benchmark:
+    `minirope-generate`'s default), and a use with any decision missing changes nothing.
+
     Returns `{module name: ["1 row", "8 rows"] or a part of it, or ["training"]}` for the `nn.Linear` modules that
-    changed kernel; `{}` where none did or oneDNN is not available (nothing is changed then). Calling it again
-    measures again (decoding) or reads the cache (training); the other use's choice is kept.
+    changed kernel; `{}` where none did or oneDNN is not available (nothing is changed then). The other use's choice
+    is kept.
     """
     linears = {name: m for name, m in model.named_modules() if type(m) is nn.Linear and m.weight.device.type == "cpu"}
     if not available() or not linears:
@@ -271,7 +313,10 @@ def use_measured_products(model: nn.Module, training: bool = False) -> dict[str,
     weights = sum(m.weight.numel() for m in {id(m.weight): m for m in linears.values()}.values())
     model_mib = 2 ** max(0, math.ceil(math.log2(4 * weights / 2**20)))  # rounded up to a power of 2: fewer entries
     shapes = {(m.in_features, m.out_features) for m in linears.values()}
-    measured = decisions(shapes, model_mib, (TRAINING_ROWS,) if training else ROWS)
+    measured = decisions(shapes, model_mib, (TRAINING_ROWS,) if training else ROWS, timing)
+    if measured is None:
+        measured = {}
+        rows_of_use = ()
     kept = {}
     for rows in rows_of_use:
         faster = [
@@ -279,16 +324,7 @@ def use_measured_products(model: nn.Module, training: bool = False) -> dict[str,
             for name, m in linears.items()
             if measured[decision_name(m.in_features, m.out_features, rows, model_mib)]["onednn"]
         ]
-        if not faster or training:
-            kept[rows] = set(faster)
-            continue
-        plain = step_seconds(model, rows)
-        for name in faster:
-            move(linears[name], (*other[name], rows))
-        moved = step_seconds(model, rows)
-        for name in faster:
-            move(linears[name], other[name])
-        if plain > STEP_MARGIN * moved:
+        if not faster or training or step_decision(model, linears, faster, other, rows, timing):
             kept[rows] = set(faster)
     chosen = {}
     for name, module in linears.items():

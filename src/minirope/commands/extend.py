@@ -33,7 +33,7 @@ from minirope.commands import run_cli
 from minirope.data.pipeline import TextDataArguments, data_description, training_blocks, validation_windows
 from minirope.data.sources import document_texts, text_sources
 from minirope.folders import ModelArguments, check_output, load_causal_lm, load_config
-from minirope.output.card import card_name, model_card, optimizer_description
+from minirope.output.card import card_name, licence_of, model_card, optimizer_description
 from minirope.output.folder import check_previous_run, finish_run, remove_old_checkpoints
 from minirope.rope_scaling import EXTENSIONS, extended_rope
 from minirope.training.arguments import MiniRopeTrainingArguments, start_run
@@ -245,7 +245,8 @@ def report(trainer, model_args, args, data_args, start, measures: Measures) -> d
     card_metrics = {f"eval_{key}": after[f"after_{largest}_{key}"] for key in ("bits_per_byte", "nats_per_token")}
     dataset = data_description(data_args)
     card = model_card(card_name(trainer.args), config, card_metrics, dataset, how_trained, base_model=base,
-                      methods=("context-extension", args.rope_type))  # fmt: skip
+                      methods=("context-extension", args.rope_type),
+                      licence=licence_of(base, model_args.revision))  # fmt: skip
     lines = [f"{scaling}, {original} -> {data_args.block_size} tokens, {steps} steps"]
     lines += [f"validation bits/byte at {change}" for change in changes]
     lines.append("repeat test (bits/byte on a repeated passage / on its first occurrence):")

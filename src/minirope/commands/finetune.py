@@ -30,6 +30,7 @@ from datasets import DatasetDict
 from transformers import DataCollatorForSeq2Seq, default_data_collator
 
 from minirope.commands import run_cli
+from minirope.data.blocks import default_block_size
 from minirope.data.bundled import play_shards
 from minirope.data.chat import conversation_examples, dataset_conversations, load_conversations
 from minirope.data.pipeline import (
@@ -44,7 +45,7 @@ from minirope.data.sources import data_kind, file_shards, open_dataset, text_sou
 from minirope.data.supervised import load_prompt_completion, prompt_completion_examples
 from minirope.data.tokenizer import add_chat_template
 from minirope.folders import ModelArguments, check_output, load_causal_lm
-from minirope.output.card import card_name, model_card, optimizer_description
+from minirope.output.card import card_name, licence_of, model_card, optimizer_description
 from minirope.output.folder import check_previous_run, finish_run, remove_old_checkpoints
 from minirope.training.arguments import LORA_TARGETS, MiniRopeTrainingArguments, parse_cli_args, start_run
 from minirope.training.checkpoints import check_resume
@@ -52,7 +53,6 @@ from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.precision import avoid_cudnn_attention
 from minirope.training.trainer import MiniRopeTrainer, final_evaluation
 
-DEFAULT_BLOCK = 256
 METRICS = ("eval_nats_per_token", "eval_perplexity", "eval_bits_per_byte")
 
 
@@ -219,10 +219,7 @@ def run(argv: list[str] | None = None) -> dict:
         start.output_dir, model.config, overwrite=training_args.overwrite_output_dir, resuming=start.resume is not None
     )
     check_resume(start.resume, model.config, training_args.max_steps)
-    # Without --block_size, the model's context up to 256 tokens (run_clm.py caps it at 1,024): a released model's
-    # 8,192 (SmolLM2's) in batches of 16 needed more than 24 GB on the CPU and made a handful of steps of a play;
-    # 16 x 256 tokens a step take SmolLM2-135M's LoRA fine-tune in about 6 GB.
-    data_args.block_size = data_args.block_size or min(DEFAULT_BLOCK, model.config.max_position_embeddings)
+    data_args.block_size = data_args.block_size or default_block_size(model.config)
     if data_args.block_size > model.config.max_position_embeddings:
         raise ValueError(
             f"--block_size {data_args.block_size} is longer than the model's context "
@@ -291,6 +288,7 @@ def report(trainer, model_args, lora_args, data_args, start, measures: Measures)
         base_model=base,
         adapter=adapter,
         methods=("lora",) if lora_args.lora else (),
+        licence=licence_of(base, model_args.revision),
     )
     line = (
         f"validation bits/byte {before['eval_bits_per_byte']:.4f} -> {after['eval_bits_per_byte']:.4f} "

@@ -16,6 +16,7 @@ commit; its card's code loads REPO (with `trust_remote_code=True` where minirope
 """
 
 import json
+import struct
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +56,7 @@ class ImportArguments:
 
     @property
     def gguf(self) -> bool:
-        return self.source.endswith(".gguf")
+        return self.source.lower().endswith(".gguf")
 
     @property
     def local(self) -> bool:
@@ -86,11 +87,14 @@ def check_source(args: ImportArguments):
         ValueError: a missing file or folder, a source transformers cannot read, another architecture, or
             `pretraining_tp` > 1.
     """
+    if args.local and args.revision != "main":
+        raise ValueError(f"--revision {args.revision} reads a Hub repository's branch, tag or commit, and "
+                         f"{args.source} is a local file or folder: drop --revision (or give the Hub id).")  # fmt: skip
     if args.local and not Path(args.source).exists():
         raise ValueError(f"{args.source} does not exist: give a Llama folder, a Hub id or a .gguf file.")
     try:
         config = AutoConfig.from_pretrained(**args.from_pretrained_kwargs())
-    except (OSError, ValueError, KeyError, RuntimeError) as error:
+    except (OSError, ValueError, KeyError, RuntimeError, struct.error) as error:  # struct: a truncated GGUF
         raise ValueError(f"cannot read a model config from {args.source}: {first_line(error)}") from None
     if config.model_type != "llama":
         architectures = ", ".join(config.architectures or []) or "no architecture named"
@@ -128,9 +132,10 @@ def drop_tokens_past_vocabulary(folder: Path, vocab_size: int) -> list[str]:
     return dropped
 
 
-def card(args: ImportArguments, model, name: str):
-    """The folder's model card: what it was imported from, `base_model` when that is a Hub id; its code loads `name`
-    (the Hub repository when pushing, else the folder's name)."""
+def card(args: ImportArguments, model, name: str, licence):
+    """The folder's model card: what it was imported from, `base_model` when that is a Hub id (never a file or a
+    folder), the source's own `licence` (`minirope.output.card.licence_of`); its code loads `name` (the Hub
+    repository when pushing, else the folder's name)."""
     from minirope.output.card import model_card
 
     source = Path(args.source).name if args.local else args.source
@@ -140,42 +145,68 @@ def card(args: ImportArguments, model, name: str):
         f"same parameter names (the same logits), saved as {args.dtype}"
         + (", its quantized tensors dequantized by transformers' GGUF loader." if args.gguf else ".")
     )
-    result = model_card(name, model.config, {}, None, how, base_model=source, methods=("imported",))
+    result = model_card(name, model.config, {}, None, how, base_model=None if args.local else source,
+                        methods=("imported",), licence=licence)  # fmt: skip
     result.data.base_model_relation = None  # the same weights: neither a fine-tune nor an adapter
     return result
+
+
+def check_replaceable(output: Path, overwrite: bool) -> None:
+    """The output-folder rule of the other commands: a new or empty `output` is written; one that holds a model (an
+    earlier import, a run: its `config.json`) is replaced only with `--overwrite`; a folder of other files never (its
+    files are not this command's to delete).
+
+    Raises:
+        FileExistsError: a model folder without `overwrite`.
+        ValueError: a file, or a folder of other files, naming a few of them.
+    """
+    if not output.exists():
+        return
+    if not output.is_dir():
+        raise ValueError(f"--output_dir {output} is a file: give a new or empty folder.")
+    entries = sorted(path.name for path in output.iterdir())
+    if not entries:
+        return
+    if not (output / "config.json").is_file():
+        shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+        raise ValueError(f"--output_dir {output} holds files that are not a model folder ({shown}): give a new or "
+                         f"empty folder (--overwrite replaces only a model folder).")  # fmt: skip
+    if not overwrite:
+        raise FileExistsError(f"--output_dir {output} holds a model: choose another, or pass --overwrite True.")
 
 
 def run(argv: list[str] | None = None) -> Path:
     """Parse `argv`, read the source with transformers, write the minirope folder; returns its path.
 
     Raises:
-        ValueError: bad flags, a source minirope cannot represent (`check_source`) or a push that cannot happen
-            (`check_write_access`); nothing is written.
-        FileExistsError: `--output_dir` exists and `--overwrite` is not set.
+        ValueError: bad flags, a source minirope cannot represent (`check_source`), an `--output_dir` of other files
+            (`check_replaceable`) or a push that cannot happen (`check_write_access`); nothing is written.
+        FileExistsError: `--output_dir` holds a model and `--overwrite` is not set.
         OSError: the upload failed after the folder was written (the message gives the command to upload it).
     """
     from minirope.convert import from_llama
     from minirope.export import staged
+    from minirope.output.card import licence_of
     from minirope.output.folder import upload
     from minirope.output.hub import check_write_access
 
     args = parse_args(argv)
     output = Path(args.output_dir)
     check_output(output, "--output_dir", {"source": args.source if args.local else None})
-    if output.exists() and not args.overwrite:
-        raise FileExistsError(f"--output_dir {output} exists: choose another, or pass --overwrite True.")
+    check_replaceable(output, args.overwrite)
     repo = check_write_access(args.push_to_hub, None, "--push_to_hub") if args.push_to_hub else None
     check_source(args)
+    licence = licence_of(args.source, args.revision)
     kwargs = args.from_pretrained_kwargs()
     llama = LlamaForCausalLM.from_pretrained(**kwargs, dtype=DTYPES[args.dtype])
     tokenizer = AutoTokenizer.from_pretrained(**kwargs)
     model = from_llama(llama)
     del llama
-    with staged(output, args.overwrite) as folder:
+    with staged(output, overwrite=True) as folder:  # check_replaceable decided
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         dropped = drop_tokens_past_vocabulary(folder, model.config.vocab_size)
-        card(args, model, repo or output.name).save(folder / "README.md")
+        card(args, model, repo or output.name, licence).save(folder / "README.md")
     if dropped:
         print(f"[minirope] left out {', '.join(dropped)}: added by transformers' tokenizer conversion past the "
               f"model's {model.config.vocab_size} embedding rows, so the model has no weights for them")  # fmt: skip

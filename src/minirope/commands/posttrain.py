@@ -49,22 +49,32 @@ def run(argv: list[str] | None = None) -> dict:
         prepare,
     )
     from minirope.posttraining.sizing import after_warm_start
+    from minirope.posttraining.time_split import TimeSplit
     from minirope.posttraining.warm_start import answer_warm_start, warm_start
 
+    split = TimeSplit()
     args, config, model_args = parse_args(argv)
+    given = "fp16" if config.fp16 else "bf16" if config.bf16 else "float32"
+    print(f"[minirope] {config.precision_line or f'precision: {given} (--bf16/--fp16 given)'}")
     set_seed(config.seed)
     avoid_cudnn_attention(config)  # padded batches
-    setup = prepare(args, config, model_args)
-    before = measure(setup, args, config)
+    with split.part("loading"):
+        setup = prepare(args, config, model_args)
+    with split.part("measures"):
+        before = measure(setup, args, config)
     keep = keep_best(setup, args, config, before)
+    if keep is not None:
+        keep.measure = split.timed(keep.measure)
     setup.warm = setup.warm or answer_warm_start(setup, args, before)
     warm_folder = None
     if setup.warm:
-        setup.model, warm_folder = warm_start(setup, args, config)
+        with split.part("warm start"):
+            setup.model, warm_folder = warm_start(setup, args, config)
         print(f"[minirope] warm start: {setup.warm.steps} steps of SFT on {setup.warm.source}")
-        setup.warm.measured = measure(setup, args, config)
+        with split.part("measures"):
+            setup.warm.measured = measure(setup, args, config)
         if keep is not None:
-            keep.warm_started(held_out_value(setup.warm.measured, config), setup.model)
+            keep.warm_started(held_out_value(setup.warm.measured, config), None if model_args.use_peft else setup.model)
         if changes := after_warm_start(args, config):
             flags = " ".join(f"--{name} {value}" for name, value in changes.items())
             print(f"[minirope] after the warm start: {flags} (minirope.posttraining.sizing.AFTER_WARM_START)")
@@ -80,10 +90,12 @@ def run(argv: list[str] | None = None) -> dict:
         warm_folder.cleanup()  # the trainer has read its reference model from it
     if setup.resume is None:
         remove_old_checkpoints(config.output_dir)
-    train_metrics = trainer.train(resume_from_checkpoint=setup.resume).metrics
+    with split.part("method"):
+        train_metrics = trainer.train(resume_from_checkpoint=setup.resume).metrics
     selection = final_weights(trainer, keep, setup, args, start_weights)
-    after = measure(setup, args, config)
-    return report(trainer, setup, args, before, after, train_metrics, selection)
+    with split.part("measures"):
+        after = measure(setup, args, config)
+    return report(trainer, setup, args, before, after, train_metrics, selection, split)
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ from minirope.data.pipeline import (
 from minirope.data.sources import file_shards, text_sources
 from minirope.data.tokenizer import load_or_train_tokenizer
 from minirope.folders import check_output
-from minirope.output.card import card_name, model_card, optimizer_description
+from minirope.output.card import card_name, model_card, optimizer_description, own_licence
 from minirope.output.folder import check_not_foreign, check_previous_run, finish_run, remove_old_checkpoints
 from minirope.tokenizer_format import RESERVED_TOKENS
 from minirope.training.arguments import OPTIM_HIDDEN_HELP, MiniRopeTrainingArguments, parse_cli_args, start_run
@@ -381,7 +381,8 @@ def report(trainer, data_args, start, measures: Measures) -> None:
         f"{optimizer_description(args)}, bf16 {args.bf16}, {n_params / 1e6:.2f}M parameters, "
         f"{summary['wall_seconds']:.0f} s wall time."
     )
-    card = model_card(card_name(trainer.args), config, eval_metrics, data_description(data_args), how_trained)
+    card = model_card(card_name(trainer.args), config, eval_metrics, data_description(data_args), how_trained,
+                      licence=own_licence())  # fmt: skip
     lines = [
         f"{steps} steps in {summary['wall_seconds']:.0f} s; validation: {summary['validation_nats_per_token']:.4f} "
         f"nats/token, perplexity {summary['validation_perplexity']:.2f}, "

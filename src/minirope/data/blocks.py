@@ -23,9 +23,19 @@ from transformers import PreTrainedTokenizerBase
 from minirope.data.documents import Shard
 from minirope.data.tokenizer import TextPieces
 
+# Without --block_size, the model's context up to DEFAULT_BLOCK tokens (run_clm.py caps it at 1,024): a released
+# model's 8,192 (SmolLM2's) in batches of 16 needed more than 24 GB on the CPU and made a handful of steps of a play;
+# 16 x 256 tokens a step take SmolLM2-135M's LoRA fine-tune in about 6 GB.
+DEFAULT_BLOCK = 256
 IGNORE_INDEX = -100  # a label the loss skips (PyTorch's cross_entropy default, and transformers')
 
 BATCH_CHARS = 1 << 20  # text tokenized in one call (parallel over its pieces), about 1 MB
+
+
+def default_block_size(config) -> int:
+    """The training block a fine-tune takes when none is given (`minirope-finetune`, the post-training warm start and
+    corpus term): the model's context (`config.max_position_embeddings`) up to `DEFAULT_BLOCK` tokens."""
+    return min(DEFAULT_BLOCK, config.max_position_embeddings)
 
 
 def document_frame(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:

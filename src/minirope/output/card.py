@@ -1,14 +1,76 @@
 """The model card every command writes (README.md, the Hub's model page): `model_card` (metadata with the measured
-validation metrics, how the model was trained, how to load it), the name it loads the model by (`card_name`) and the
-optimizer's line (`optimizer_description`); `OwnModelCard` keeps the Trainer's and TRL's own cards from overwriting
-it."""
+validation metrics, how the model was trained, how to load it, the weights' licence), the name it loads the model by
+(`card_name`), the licence read from the weights' source (`licence_of`, `own_licence`) and the optimizer's line
+(`optimizer_description`); `OwnModelCard` keeps the Trainer's and TRL's own cards from overwriting it."""
 
+import struct
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, metadata
 from pathlib import Path
 
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub import EvalResult, ModelCard, ModelCardData, hf_hub_download
 from transformers import PreTrainedConfig, TrainingArguments
 
 from minirope.folders import looks_local
+
+
+@dataclass(frozen=True)
+class Licence:
+    """The licence of a model's weights: `id`, the Hub's licence identifier (`apache-2.0`, `mit`, `llama3.2`, ...;
+    None: unknown), and `source`, where it was read (a GGUF's `general.license`, a folder's or Hub repo's card)."""
+
+    id: str | None
+    source: str
+
+    def line(self) -> str:
+        """The card's sentence about the licence."""
+        if self.id is None:
+            return (f"Unknown: {self.source} states no licence, so none is claimed here; check the terms of the "
+                    f"original weights before you use or share them.")  # fmt: skip
+        return f"`{self.id}`, as stated by {self.source}."
+
+
+def own_licence() -> Licence:
+    """The licence of a model minirope trained from scratch: the minirope package's own (its metadata's
+    `License-Expression`, or `License`)."""
+    try:
+        meta = metadata("minirope")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return Licence(None, "the minirope package (not installed here)")
+    name = meta.get("License-Expression") or meta.get("License")
+    return Licence(name.lower() if name else None, "minirope's package licence (trained from scratch by minirope)")
+
+
+def gguf_licence(path: Path) -> Licence:
+    """`general.license` of a GGUF file (llama.cpp's metadata), read by the `gguf` package.
+
+    Raises:
+        ValueError: the file is not a readable GGUF (truncated, corrupt).
+    """
+    from gguf import GGUFReader
+
+    try:
+        field = GGUFReader(path).get_field("general.license")
+    except (OSError, ValueError, KeyError, IndexError, struct.error) as error:
+        raise ValueError(f"{path} is not a readable GGUF file ({type(error).__name__}: {error}).") from None
+    value = field.contents() if field is not None else None
+    return Licence(str(value).strip() or None if value is not None else None, f"{path.name}'s `general.license`")
+
+
+def licence_of(source: str, revision: str = "main") -> Licence:
+    """The licence the weights at `source` state: a `.gguf` file's `general.license`, else the `license` of the
+    model card (README.md metadata) of a local folder or, for a Hub id, of the Hub repository at `revision`. A card
+    without one, no card, or a Hub card that cannot be read: `Licence(None, ...)` (unknown; nothing is invented)."""
+    if source.lower().endswith(".gguf"):
+        return gguf_licence(Path(source))
+    local = looks_local(source)
+    where = f"{Path(source).name}'s model card" if local else f"the Hub card of {source}"
+    try:
+        path = Path(source) / "README.md" if local else hf_hub_download(source, "README.md", revision=revision)
+        card = ModelCard.load(path)
+    except Exception:  # no card (a missing file or repo, no network): the licence is unknown, which the card says
+        return Licence(None, where)
+    return Licence(card.data.license or None, where)
 
 
 def card_name(args: TrainingArguments) -> str:
@@ -27,13 +89,16 @@ def model_card(
     base_model: str | None = None,
     methods: tuple[str, ...] = (),
     adapter: bool = False,
+    licence: Licence,
 ) -> ModelCard:
     """A Hub model card (README.md): metadata with the measured validation metrics, and how to load the model.
 
     `base_model` (the model the run started from) goes into the metadata, with the Hub's `base_model_relation`
     (`adapter` for an adapter, else `finetune`), when it is a Hub id: a local folder means nothing on the Hub, and
     the training text names it. `methods` are tags for how it was trained (`lora`, `dpo`, ...). `dataset` None (a
-    model not trained by this run, e.g. imported): no dataset and no evaluation section.
+    model not trained by this run, e.g. imported): no dataset and no evaluation section. `licence`: the weights'
+    (`licence_of` the source a run started from, `own_licence` for a model trained from scratch): its id in the
+    metadata, and a section saying where it was read, or that it is unknown (then no licence field).
     """
     on_hub = base_model is not None and not looks_local(base_model)
     results = [
@@ -57,7 +122,7 @@ def model_card(
         model_name=name,
         library_name="peft" if adapter else "transformers",
         pipeline_tag="text-generation",
-        license="mit",
+        license=licence.id,
         tags=["minirope", "rope", "llama", "causal-lm", "text-generation", *methods],
         datasets=[dataset] if dataset else None,
         base_model=base_model if on_hub else None,
@@ -116,6 +181,10 @@ print(tokenizer.decode(model.generate(**inputs, max_new_tokens=100, do_sample=Tr
 
 The weights are named as in `LlamaForCausalLM`; `minirope.convert.to_llama` turns the model into a
 plain Llama checkpoint.
+
+## Licence
+
+{licence.line()}
 """
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
 

@@ -24,6 +24,7 @@ from minirope.folders import first_line
 from minirope.posttraining.rewards import REJECTED_BY
 from minirope.posttraining.sizing import count_parameters, sized_defaults
 from minirope.training.arguments import LORA_TARGETS, json_arguments, read_arguments_json
+from minirope.training.precision import decide_bf16
 
 METHODS = ("grpo", "dpo", "distill")
 LM_COEF = {"grpo": 0.5, "dpo": 1.0, "distill": 0.0}  # measured in docs/verse_*.md
@@ -71,6 +72,7 @@ class PosttrainArguments(ScriptArguments):
     that the run uses (`sizing`; {} for a model of minirope's demo sizes)."""
 
     sized: ClassVar[dict] = {}
+    given: ClassVar[frozenset] = frozenset()
     method: str = field(
         default="grpo", metadata={"help": "grpo (reward), dpo (preference pairs) or distill (a teacher)."}
     )
@@ -343,13 +345,21 @@ class PosttrainModelConfig(ModelConfig):
 
 @dataclass
 class CpuDefaults:
-    """Defaults every method's TRL config takes here: float32 (TRL defaults to bf16: emulated and slow on CPUs without
-    AVX512_BF16, 1.1x slower than float32 for the verse GRPO run on one with it, and no faster on an H200, where it
-    needs cuDNN's attention off: `minirope.training.precision.avoid_cudnn_attention`; docs/verse_history.md), no
-    checkpoints (runs of minutes), a log line every 10 steps, no activation checkpointing (a model this small has
-    nothing to save), and with `--push_to_hub` one push of the finished folder (`--hub_strategy end`)."""
+    """Defaults every method's TRL config takes here: the precision measured on the machine (bf16 where its products
+    run `BF16_MARGIN` times faster than float32's, as `minirope-pretrain` chooses: `decide_bf16`, whose line
+    `precision_line` holds; TRL's own default, bf16 everywhere, is emulated and slow on CPUs without AVX512_BF16, and
+    on an H200 needs cuDNN's attention off: `minirope.training.precision.avoid_cudnn_attention`), no checkpoints
+    (runs of minutes), a log line every 10 steps, no activation checkpointing (a model this small has nothing to
+    save), and with `--push_to_hub` one push of the finished folder (`--hub_strategy end`)."""
 
-    bf16: bool | None = retuned(GRPOConfig, "bf16", False)
+    bf16: bool | None = field(
+        default=None,
+        metadata={
+            "help": "bf16 mixed precision for the method and the warm start. Default: on where this "
+            "machine's bf16 matrix products run 1.5x faster than float32's or more (timed at start, printed; "
+            "minirope.training.precision.choose_bf16), else float32."
+        },
+    )
     save_strategy: str = retuned(GRPOConfig, "save_strategy", "no")
     logging_steps: float = retuned(GRPOConfig, "logging_steps", 10)
     if RENAMED_CHECKPOINTING:  # transformers 5.24 renamed it, and warns when the old name is set (TRL sets True)
@@ -367,6 +377,12 @@ class CpuDefaults:
         },
     )
 
+    precision_line: ClassVar[str | None] = None
+
+    def __post_init__(self) -> None:
+        self.precision_line = decide_bf16(self)  # None where --bf16 or --fp16 decided
+        super().__post_init__()
+
 
 # The methods' configs: learning rates, KL weights, steps and losses as measured in docs/post_training.md and
 # docs/verse_*.md. GRPO's are for the user's task (data given); the verse task's own tuned ones are `VerseGRPOConfig`'s.
@@ -375,7 +391,7 @@ class PosttrainGRPOConfig(CpuDefaults, GRPOConfig):
     output_dir: str = retuned(GRPOConfig, "output_dir", "runs/minirope-grpo")
     # On three tasks that are not verse (the largest of three numbers and reversing letters, each pretrained from one
     # problem per line, and the arithmetic example's worksheets), at the default size: the held-out exact match rose on
-    # each, +14.5 to +60.7 points (docs/post_training.md, "GRPO's defaults on your task"); the verse task's learning
+    # each, +14.5 to +60.7 points (docs/user_tasks.md); the verse task's learning
     # rate (6e-4) and batch scaling had made a user's subtraction task worse (10.5 % -> 2.5 %).
     learning_rate: float = retuned(GRPOConfig, "learning_rate", 1e-4)
     beta: float = retuned(GRPOConfig, "beta", 0.0)
@@ -550,11 +566,14 @@ def parse_args(argv: list[str] | None = None) -> tuple:
         parser = TrlParser(types)
         parser.set_defaults(**sized)  # the YAML file's values, then the command line's, win
         parsed = parser.parse_args_and_config(args=argv)
-    parsed[0].sized = sized_in_use(sized, parsed)
+    parsed[0].given = given_flags(argv, arguments)
+    parsed[0].sized = {name: value for name, value in sized.items() if name not in parsed[0].given}
     return parsed
 
 
-def sized_in_use(sized: dict, parsed: tuple) -> dict:
-    """The sized defaults (`sizing.sized_defaults`) that no flag replaced, by flag name, as the run uses them."""
-    values = {name: getattr(part, name) for part in parsed for name in sized if hasattr(part, name)}
-    return {name: value for name, value in sized.items() if values.get(name) == value}
+def given_flags(argv: list[str], arguments: dict) -> frozenset[str]:
+    """The flags the user set, by field name: each `--name` / `--name=value` (or `--name-with-dashes`) of `argv`,
+    and each key of the `--config` YAML file or JSON arguments file (`arguments`). A sized default or a measured
+    choice (`sizing`, the precision) applies only to a flag not among them, whatever value the user gave."""
+    named = {item[2:].split("=", 1)[0].replace("-", "_") for item in argv if item.startswith("--")}
+    return frozenset(named | set(arguments))

@@ -24,6 +24,7 @@ from huggingface_hub import ModelCard
 from torch.utils.data import DataLoader
 from trl import DistillationTrainer, DPOTrainer, GRPOTrainer
 
+from minirope.data.blocks import default_block_size
 from minirope.data.bundled import BUNDLED_CORPUS, bundled_shards
 from minirope.data.documents import Shard
 from minirope.data.pipeline import TextDataArguments, data_description, training_blocks
@@ -172,7 +173,7 @@ def add_corpus(trainer, corpus: Corpus, coef: float, args: PosttrainArguments, s
     run without a corpus term, or a weight of 0)."""
     if corpus.shards is None or not coef:
         return
-    context = trainer.model.config.max_position_embeddings
+    context = default_block_size(trainer.model.config)
     trainer.set_corpus(corpus.blocks(trainer.processing_class, context, seed), coef, args.lm_batch_size, seed)
 
 

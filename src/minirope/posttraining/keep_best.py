@@ -53,6 +53,15 @@ def score_name(names: list[str], weights: list[float] | None) -> str:
     return " + ".join(terms) + " (greedy)"
 
 
+# what to change when no step beat the start, by method: each a flag of that method (tests/test_posttrain.py parses
+# them)
+ADVICE = {
+    "grpo": ("--learning_rate", "--max_steps", "--num_generations"),
+    "dpo": ("--learning_rate", "--num_train_epochs", "--samples_per_prompt"),
+    "distill": ("--learning_rate", "--max_steps", "--max_completion_length"),
+}
+
+
 @dataclass
 class Selection:
     """The measured scores (`history`: `{"step", "score"}` in step order, step 0 the starting model, or the
@@ -88,8 +97,9 @@ class Selection:
     def score(self, step: int) -> float:
         return next(entry["score"] for entry in self.history if entry["step"] == step)
 
-    def line(self, measure: str) -> str:
-        """What the run gained on the held-out score, in one line (`measure` names it)."""
+    def line(self, measure: str, method: str = "grpo") -> str:
+        """What the run gained on the held-out score, in one line (`measure` names it; `method` chooses the flags
+        it suggests when nothing was gained: `ADVICE`)."""
         if not self.history:
             return "the held-out prompts are not scored during training (no --reward_funcs): the last weights are kept"
         last = self.history[-1]
@@ -98,10 +108,11 @@ class Selection:
             change = f"fell from {self.origin:.3f} to" if kept < self.origin else f"stayed at {self.origin:.3f}:"
             return f"held-out {measure} {change} {kept:.3f} at step {self.kept_step}: kept anyway (--keep_last)"
         if not self.gained:
+            rate, *more = ADVICE[method]
             return (
                 f"nothing gained: no step beat the starting model's held-out {measure} ({self.start:.3f}; the last "
-                f"step {last['score']:.3f}), so the folder holds the starting weights; try a lower --learning_rate, "
-                f"more --max_steps, or more --num_generations (with --keep_last the last weights are kept)"
+                f"step {last['score']:.3f}), so the folder holds the starting weights; try a lower {rate}, or more "
+                f"{' or more '.join(more)} (with --keep_last the last weights are kept)"
             )
         if self.kept_step == 0:  # a warm start that no later step beat
             return (
@@ -158,12 +169,14 @@ class KeepBest(TrainerCallback):
 
     def warm_started(self, score: float, model) -> None:
         """A warm start ran after `start`: where the warm-started `model` scores higher (`score`), it takes step 0's
-        place, weights included, and the first score stays as `Selection.before`."""
+        place, and the first score stays as `Selection.before`; its weights are kept only where step 0 is then the
+        best (a run resumed from a checkpoint whose later step scored higher keeps that step's weights)."""
         if score <= self.selection.start:
             return
         self.selection.before = self.selection.start
         self.selection.history[0] = {"step": 0, "score": round(score, 6)}
-        self.keep(model)
+        if self.selection.best["step"] == 0 and model is not None:  # None: a LoRA run (the adapter's start is kept)
+            self.keep(model)
         tqdm.write(f"[minirope] warm start: held-out score {self.selection.before:.3f} -> {score:.3f}")
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):

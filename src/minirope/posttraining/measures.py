@@ -116,25 +116,36 @@ def means(groups: list[list[float | None]]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def alike_values(values: dict[str, list[list[float | None]]], weights: list[float] | None) -> list[float | None]:
+    """For each prompt, the weighted sum of the rewards (None counts 0) that all its completions score, as GRPO sums
+    them, or None where they differ."""
+    weights = weights if weights is not None else [1.0] * len(values)
+    alike = []
+    for groups in zip(*values.values(), strict=True):
+        sums = {round(sum(w * (group[k] or 0.0) for w, group in zip(weights, groups, strict=True)), 9)
+                for k in range(len(groups[0]))}  # fmt: skip
+        alike.append(sums.pop() if len(sums) == 1 else None)
+    return alike
+
+
 def alike_share(values: dict[str, list[list[float | None]]], weights: list[float] | None) -> float | None:
-    """The share of prompts whose completions all score alike by the weighted sum of the rewards (None counts 0), as
-    GRPO sums them: groups that give GRPO's advantage nothing to learn from (TRL logs it as `frac_reward_zero_std`).
-    None without rewards or prompts."""
+    """The share of prompts whose completions all score alike by the weighted sum of the rewards (`alike_values`):
+    groups that give GRPO's advantage nothing to learn from (TRL logs it as `frac_reward_zero_std`). None without
+    rewards or prompts."""
+    alike = alike_values(values, weights) if values else []
+    return sum(value is not None for value in alike) / len(alike) if alike else None
+
+
+def solved_share(values: dict[str, list[list[float | None]]], weights: list[float] | None) -> float | None:
+    """The share of prompts whose completions all score full credit: every reward 1 (a right answer, as TRL's
+    accuracy rewards score it), weighted (the sum of the positive `weights`). These are alike too, but solved, not
+    failing: no warm start is for them. None without rewards or prompts."""
     if not values:
         return None
     weights = weights if weights is not None else [1.0] * len(values)
-    per_reward = list(values.values())
-    alike = [
-        len(
-            {
-                round(sum(w * (group[k] or 0.0) for w, group in zip(weights, groups, strict=True)), 9)
-                for k in range(len(groups[0]))
-            }
-        )
-        == 1  # fmt: skip
-        for groups in zip(*per_reward, strict=True)
-    ]
-    return sum(alike) / len(alike) if alike else None
+    full = sum(weight for weight in weights if weight > 0)
+    alike = alike_values(values, weights)
+    return sum(value is not None and value >= full - 1e-9 for value in alike) / len(alike) if alike else None
 
 
 def bits_per_byte(model, tokenizer, shards: list[Shard], run: TrainingArguments | None = None) -> float:
@@ -165,6 +176,13 @@ class TaskMeasure:
     verse: VerseMeasure | None
     samples: list[dict] = field(default_factory=list)
     alike_share: float | None = None  # prompts whose sampled completions all score alike (`alike_share`)
+    solved_share: float | None = None  # ... all at full credit (`solved_share`): a part of `alike_share`
+
+    @property
+    def failing_share(self) -> float | None:
+        """Prompts whose samples all score alike below full credit: where GRPO has nothing to learn and the model
+        does not yet answer."""
+        return None if self.alike_share is None else self.alike_share - (self.solved_share or 0.0)
 
     def as_dict(self) -> dict:
         return {
@@ -174,6 +192,7 @@ class TaskMeasure:
             "distinct_completions_share": self.distinct_share,
             "validation_bits_per_byte": self.bits_per_byte,
             "prompts_with_alike_samples_share": self.alike_share,
+            "prompts_solved_by_every_sample_share": self.solved_share,
             **(self.verse.as_dict() if self.verse else {}),
         }
 
@@ -218,4 +237,5 @@ def measure_task(model, tokenizer, held_out: Dataset, rewards: list, args, confi
         verse=verse_measure(texts) if verse else None,
         samples=examples,
         alike_share=alike_share(values, getattr(config, "reward_weights", None)) if per_prompt > 1 else None,
+        solved_share=solved_share(values, getattr(config, "reward_weights", None)) if per_prompt > 1 else None,
     )

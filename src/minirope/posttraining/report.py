@@ -1,7 +1,7 @@
 """What a post-training run leaves behind: the folder (model or LoRA adapter, tokenizer, card, metrics, the run
 summary with the measures before and after and the kept step) and the before -> after line (`report`)."""
 
-from minirope.output.card import card_name, model_card
+from minirope.output.card import card_name, licence_of, model_card
 from minirope.output.folder import finish_run
 from minirope.posttraining.keep_best import score_name
 from minirope.posttraining.measures import METRIC, prompt_text
@@ -24,12 +24,13 @@ def teacher_flops(trainer) -> float:
     return trainer.state.num_input_tokens_seen * training_flops_per_token(teacher, length) / 3
 
 
-def report(trainer, setup, args, before, after, train_metrics: dict, selection) -> dict:
-    """Write the folder (model, tokenizer, card, metrics, summary, samples) and print the before -> after line."""
+def report(trainer, setup, args, before, after, train_metrics: dict, selection, split) -> dict:
+    """Write the folder (model, tokenizer, card, metrics, summary, samples) and print the before -> after line and
+    how the run's time was spent (`split`, a `TimeSplit`; its "writing" part is this function's)."""
     config, warm = trainer.args, setup.warm
     steps, base = trainer.state.global_step, setup.model_args.model_name_or_path
     gained = selection.line(score_name([reward_name(reward) for reward in setup.rewards],
-                                       getattr(config, "reward_weights", None)))  # fmt: skip
+                                       getattr(config, "reward_weights", None)), args.method)  # fmt: skip
 
     summary = {
         "base_model": base,
@@ -96,9 +97,15 @@ def report(trainer, setup, args, before, after, train_metrics: dict, selection) 
         *(["lora"] if setup.model_args.use_peft else []),
     )
     card = model_card(card_name(config), trainer.model.config, eval_metrics, setup.data.source, how_trained,
-                      base_model=base, methods=methods, adapter=adapter)  # fmt: skip
+                      base_model=base, methods=methods, adapter=adapter,
+                      licence=licence_of(base, setup.model_args.model_revision))  # fmt: skip
     seconds = summary["train_seconds"]
     line = f"{before.line()} -> {after.line()} in {steps} steps, {seconds:.0f} s; written to {config.output_dir}/"
-    finish_run(trainer, train_metrics=train_metrics, eval_metrics=eval_metrics, card=card, summary=summary,
-               lines=[line, gained])  # fmt: skip
+    summary["precision"] = "fp16" if config.fp16 else "bf16" if config.bf16 else "float32"
+    summary["time_split"] = split.as_dict()  # up to the writing of the folder, which the returned summary adds
+    print(f"[minirope] {split.line()}")
+    with split.part("writing"):
+        finish_run(trainer, train_metrics=train_metrics, eval_metrics=eval_metrics, card=card, summary=summary,
+                   lines=[line, gained])  # fmt: skip
+    summary["time_split"] = split.as_dict()
     return summary

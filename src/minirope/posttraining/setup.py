@@ -138,13 +138,24 @@ def check_signal(measured, args, warm_started: bool = False) -> None:
     (`TaskMeasure.alike_share`, the `--eval_samples_per_prompt` samples of each held-out prompt, when there are at
     least `SIGNAL_SAMPLES`), print the share of such prompts when at least half are, before any GRPO step.
 
+    Prompts whose samples all score full credit are solved, not failing (`TaskMeasure.solved_share`): when every
+    held-out prompt is, the run says the task is already solved there.
+
     Raises:
         ValueError: every held-out prompt's samples score alike (unless `--require_reward_spread False`, or after a
-            warm start, whose model is not to be lost), naming the flags that give the run something to learn from.
+            warm start, whose model is not to be lost), naming the flags that give the run something to learn from,
+            or saying that the model already solves every held-out prompt.
     """
     share = measured.alike_share
     if args.method != "grpo" or share is None or args.eval_samples_per_prompt < SIGNAL_SAMPLES:
         return
+    if share == 1 and measured.solved_share == 1 and args.require_reward_spread and not warm_started:
+        raise ValueError(
+            f"already solved on the held-out prompts: every sample of each of the {measured.prompts} prompts scores "
+            f"full credit ({args.eval_samples_per_prompt} samples each), so GRPO has nothing to learn and nothing to "
+            f"gain by these rewards; give harder prompts or a stricter reward (--require_reward_spread False trains "
+            f"anyway). Nothing was written."
+        )
     if share == 1 and args.require_reward_spread and not warm_started:
         raise ValueError(
             f"GRPO would have nothing to learn from: every held-out prompt's {args.eval_samples_per_prompt} sampled "
@@ -156,8 +167,9 @@ def check_signal(measured, args, warm_started: bool = False) -> None:
             f"anyway. Nothing was written."
         )
     if share >= 0.5:
-        print(f"[minirope] {share:.0%} of the held-out prompts' samples all score alike: GRPO learns only from the "
-              f"other prompts' groups (TRL logs the share of such groups as frac_reward_zero_std)")  # fmt: skip
+        solved = f" ({measured.solved_share:.0%} solved: every sample right)" if measured.solved_share else ""
+        print(f"[minirope] {share:.0%} of the held-out prompts' samples all score alike{solved}: GRPO learns only from "
+              f"the other prompts' groups (TRL logs the share of such groups as frac_reward_zero_std)")  # fmt: skip
 
 
 def held_out_value(measures, config) -> float:
@@ -178,8 +190,9 @@ def keep_best(setup: Setup, args, config, before) -> KeepBest | None:
         config.eval_steps,
         keep_last=args.keep_last,
     )
-    # an adapter saved alone starts from the adapter's first weights, taken when training begins
-    keep.start(held_out_value(before, config), None if setup.model_args.saves_adapter else setup.model)
+    # a LoRA run starts from the adapter's first weights (B = 0: the model as it was), taken when training begins: no
+    # copy of the base model is kept (full weights keep every trainable parameter)
+    keep.start(held_out_value(before, config), None if setup.model_args.use_peft else setup.model)
     keep.resume(setup.resume)
     return keep
 
@@ -209,6 +222,15 @@ def build_trainer(setup: Setup, args, config, train, keep: KeepBest | None):
     return trainer
 
 
+def starting_model(setup: Setup, trust_remote_code: bool):
+    """The model the run was given (`--model_name_or_path`, its dtype and attention), read again from where it came:
+    a LoRA run keeps no copy of it in memory."""
+    args = setup.model_args
+    model, _ = load_causal_lm(ModelArguments(args.model_name_or_path, trust_remote_code, args.model_revision),
+                              **args.init_kwargs())  # fmt: skip
+    return model
+
+
 def final_weights(trainer, keep: KeepBest | None, setup: Setup, args, start_weights: dict) -> Selection:
     """After training: the best-scoring weights put back (`KeepBest`; the last without rewards or with
     `--keep_last`), a LoRA adapter merged (unless `--merge_lora False`), the weights interpolated with the start
@@ -218,8 +240,14 @@ def final_weights(trainer, keep: KeepBest | None, setup: Setup, args, start_weig
         selection = keep.restore_best(trainer.model)
     if setup.model_args.use_peft and setup.model_args.merge_lora:
         trainer.model = trainer.model.merge_and_unload()
-    if selection is None:  # a LoRA run whose start scored best: the starting model's weights, into the merged model
-        selection = keep.restore_best(trainer.model)
-    interpolate_weights(trainer.model, start_weights, args.weight_interpolation)
+    # LoRA after a warm start that gained nothing: the model given, read again from disk (no copy was kept)
+    if (setup.model_args.use_peft and selection.kept_step == 0 and setup.warm and selection.before is None
+            and not selection.keep_last):  # fmt: skip
+        trainer.model = starting_model(setup, trainer.args.trust_remote_code)
+    if selection.kept_step != 0:  # the starting (or warm-started) weights kept: nothing to interpolate towards
+        interpolate_weights(trainer.model, start_weights, args.weight_interpolation)
+    elif args.weight_interpolation < 1:
+        print(f"[minirope] --weight_interpolation {args.weight_interpolation} not applied: the folder keeps the "
+              f"starting weights (step 0), which interpolation would mix with the warm start's")  # fmt: skip
     setup.model = trainer.model
     return selection

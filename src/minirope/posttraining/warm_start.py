@@ -33,6 +33,7 @@ from datasets import Dataset
 from trl import SFTConfig, SFTTrainer, get_peft_config
 from trl.data_utils import is_conversational
 
+from minirope.data.blocks import default_block_size
 from minirope.data.documents import expand_files, read_utf8
 from minirope.folders import ModelArguments, load_causal_lm
 from minirope.posttraining.corpus import CorpusTerm, add_corpus
@@ -128,7 +129,7 @@ def answer_warm_start(setup, args, measured) -> WarmStart | None:
     `--merge_lora False`) and at least `WARM_START_SHARE` of the held-out prompts' samples (`SIGNAL_SAMPLES` or more
     each) all scored alike in `measured` (`TaskMeasure.alike_share`): GRPO's groups, and DPO's own pairs, need
     samples that score apart."""
-    share, prompts = measured.alike_share, setup.data.rows
+    share, prompts = measured.failing_share, setup.data.rows
     if args.method == "distill" or prompts is None or args.sft_steps is not None or setup.data.verse:
         return None
     if share is None or share < WARM_START_SHARE or args.eval_samples_per_prompt < SIGNAL_SAMPLES:
@@ -140,7 +141,8 @@ def answer_warm_start(setup, args, measured) -> WarmStart | None:
         return None
     big = larger(setup.model.num_parameters())
     steps = min(math.ceil(len(answers) / args.sft_batch_size), ANSWER_STEPS[big])
-    print(f"[minirope] {share:.0%} of the held-out prompts' samples all score alike, which gives {args.method} little "
+    print(f"[minirope] {share:.0%} of the held-out prompts' samples all score alike below full credit, which gives "
+          f"{args.method} little "
           f"to learn from: first {steps} steps of supervised fine-tuning on {answer_source(prompts)} (--sft_steps 0 "
           f"skips it)")  # fmt: skip
     return WarmStart(answers, answer_source(prompts), steps)
@@ -162,7 +164,7 @@ def warm_start(setup, args, config) -> tuple[object, tempfile.TemporaryDirectory
         warmup_steps=5,
         weight_decay=0.0,
         per_device_train_batch_size=args.sft_batch_size,
-        max_length=model.config.max_position_embeddings,
+        max_length=default_block_size(model.config),
         packing="text" in warm.rows.column_names,
         packing_strategy="wrapped",
         seed=config.seed,

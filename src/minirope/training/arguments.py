@@ -21,7 +21,7 @@ from minirope.data.documents import read_utf8
 from minirope.output.hub import check_push
 from minirope.training.checkpoints import resolve_resume
 from minirope.training.optimizers import MUON_MOMENTUM
-from minirope.training.precision import choose_bf16
+from minirope.training.precision import decide_bf16
 
 # LoRA's default target modules (minirope-finetune --lora, minirope-posttrain --use_peft): every projection of
 # attention and the MLP, as QLoRA found best (Dettmers et al. 2023, section 4)
@@ -84,10 +84,7 @@ class MiniRopeTrainingArguments(TrainingArguments):
     def __post_init__(self) -> None:
         if self.use_cpu is None:  # with an accelerator, Trainer/accelerate place the model on it
             self.use_cpu = not torch.accelerator.is_available()
-        self.precision_line = None  # the line that says why, when the precision was chosen here
-        if self.bf16 is None:
-            device = torch.device("cpu") if self.use_cpu else torch.accelerator.current_accelerator()
-            self.bf16, self.precision_line = choose_bf16(device)
+        self.precision_line = decide_bf16(self)  # the line that says why, when the precision was chosen here
         if self.torch_compile is None:  # a script's "decide for me" default: compile where bf16 runs
             self.torch_compile = self.bf16
         super().__post_init__()

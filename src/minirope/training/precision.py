@@ -67,6 +67,17 @@ def choose_bf16(device: torch.device) -> tuple[bool, str]:
     )
 
 
+def decide_bf16(args) -> str | None:
+    """Set `args.bf16` (a `TrainingArguments`, TRL's configs too) where no flag set it (None) and `--fp16` is off:
+    `choose_bf16` on the device the run trains on (the CPU under `use_cpu` or without an accelerator). Returns the
+    line that says why, or None where a flag decided."""
+    if args.bf16 is not None or args.fp16:
+        return None
+    cpu = args.use_cpu or not torch.accelerator.is_available()
+    args.bf16, line = choose_bf16(torch.device("cpu") if cpu else torch.accelerator.current_accelerator())
+    return line
+
+
 def avoid_cudnn_attention(args) -> bool:
     """Turn off torch's cuDNN attention kernel (`torch.backends.cuda.enable_cudnn_sdp(False)`, for this process) when
     `args` (a `TrainingArguments`, TRL's configs too) trains in bf16 or fp16 on a CUDA GPU; say so. Returns whether it
