@@ -11,8 +11,8 @@ TRL's side is what a user runs instead: `LlamaForCausalLM` (the minirope folder'
 `GRPOConfig` left at TRL's defaults (its precision, gradient checkpointing, learning rate) but for the batch, the
 steps and the completion length, and LoRA from `ModelConfig(use_peft=True)` (`get_peft_config`). minirope's side is
 the command with those three flags and `--use_peft True`, everything else its own defaults (its precision measured on
-this machine, its LoRA targets, its held-out measures). The task: two-digit additions as chat messages, rewarded 1.0
-where the reply's last number is the sum. Each side runs in a fresh process (its peak resident set is its own:
+this machine, its LoRA targets, its held-out measures). The task: two-digit additions as chat messages (as plain
+`47+19=` for a model of under 128 positions), rewarded 1.0 where the reply's last number is the sum. Each side runs in a fresh process (its peak resident set is its own:
 `ru_maxrss`); `train_seconds` is `trainer.train()`'s `train_runtime` on both sides, and minirope's `method_seconds`
 leaves out the held-out measures it takes during training (its `time_split`).
 """
@@ -92,6 +92,8 @@ def prepare(work: Path, model: str | None, random_weights: bool) -> None:
     rows = [(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(600)]
     chat = [{"prompt": [{"role": "user", "content": f"What is {a} + {b}? Answer with the number only."}],
              "solution": str(a + b)} for a, b in rows]  # fmt: skip
+    if loaded.config.max_position_embeddings < 128:  # a test-sized model: plain prompts that fit its context
+        chat = [{"prompt": f"{a}+{b}=", "solution": str(a + b)} for a, b in rows]
     DatasetDict({"train": Dataset.from_list(chat[:500]), "test": Dataset.from_list(chat[500:])}).save_to_disk(
         work / "data"
     )
