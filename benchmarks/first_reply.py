@@ -61,8 +61,8 @@ def main() -> None:
         (Path(scratch) / "plain.py").write_text(PLAIN)
         plain_command = [sys.executable, str(Path(scratch) / "plain.py"), str(llama), args.prompt,
                          str(args.max_new_tokens)]  # fmt: skip
-        ours_command = [sys.executable, "-m", "minirope.commands.generate", "--model", args.model, "--chat",
-                        "--prompt", args.prompt, "--do_sample", "False", "--max_new_tokens", str(args.max_new_tokens)]  # fmt: skip
+        ours_command = [sys.executable, "-m", "minirope.commands.generate", "--model", args.model, "--chat", "--prompt",
+                        args.prompt, "--do_sample", "False", "--max_new_tokens", str(args.max_new_tokens)]  # fmt: skip
         plain, ours, replies = [], [], set()
         for rep in range(args.reps):
             seconds, reply = timed(plain_command, dict(os.environ))

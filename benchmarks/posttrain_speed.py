@@ -12,9 +12,10 @@ TRL's side is what a user runs instead: `LlamaForCausalLM` (the minirope folder'
 steps and the completion length, and LoRA from `ModelConfig(use_peft=True)` (`get_peft_config`). minirope's side is
 the command with those three flags and `--use_peft True`, everything else its own defaults (its precision measured on
 this machine, its LoRA targets, its held-out measures). The task: two-digit additions as chat messages (as plain
-`47+19=` for a model of under 128 positions), rewarded 1.0 where the reply's last number is the sum. Each side runs in a fresh process (its peak resident set is its own:
-`ru_maxrss`); `train_seconds` is `trainer.train()`'s `train_runtime` on both sides, and minirope's `method_seconds`
-leaves out the held-out measures it takes during training (its `time_split`).
+`47+19=` for a model of under 128 positions), rewarded 1.0 where the reply's last number is the sum. Each side runs
+in a fresh process (its peak resident set is its own: `ru_maxrss`); `train_seconds` is `trainer.train()`'s
+`train_runtime` on both sides, and minirope's `method_seconds` leaves out the held-out measures it takes during
+training (its `time_split`).
 """
 
 import argparse
