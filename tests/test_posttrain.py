@@ -32,7 +32,7 @@ from minirope.posttraining import (  # noqa: E402
 from minirope.posttraining.arguments import PosttrainDPOConfig, parse_args  # noqa: E402
 from minirope.posttraining.corpus import interpolate_weights  # noqa: E402
 from minirope.posttraining.measures import SAMPLING, TaskMeasure, sample  # noqa: E402
-from minirope.posttraining.rewards import own_pairs  # noqa: E402
+from minirope.posttraining.reward_calls import own_pairs  # noqa: E402
 from minirope.posttraining.setup import prepare  # noqa: E402
 from minirope.posttraining.verse import training_prompts, validation_headers  # noqa: E402
 
@@ -686,6 +686,7 @@ def test_a_released_size_model_gets_defaults_sized_for_it_and_a_given_flag_wins(
     from minirope import MiniRopeConfig
     from minirope.posttraining.sizing import (
         AFTER_WARM_START,
+        CHECKPOINTING,
         LARGER_LORA,
         LARGER_MODEL,
         after_warm_start,
@@ -701,6 +702,7 @@ def test_a_released_size_model_gets_defaults_sized_for_it_and_a_given_flag_wins(
     args, config, _ = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--max_steps", "7"])
     assert config.max_steps == 7 and config.num_generations == LARGER_MODEL["grpo"]["num_generations"]
     assert args.eval_prompts == LARGER_MODEL["all"]["eval_prompts"] and "max_steps" not in args.sized
+    assert getattr(config, CHECKPOINTING) is True  # memory: the activations of a released model's steps recomputed
     assert config.learning_rate == 1e-4  # full weights: the data default
     args, config, model_args = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--use_peft"])
     assert model_args.use_peft and config.learning_rate == LARGER_LORA["grpo"]["learning_rate"] != 1e-4

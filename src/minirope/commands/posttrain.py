@@ -38,19 +38,17 @@ def run(argv: list[str] | None = None) -> dict:
         raise ValueError("minirope-posttrain runs TRL's trainers: install them with `pip install minirope[trl]`.")
     from minirope.posttraining.arguments import parse_args
     from minirope.posttraining.pairs import own_preference_pairs
-    from minirope.posttraining.report import report
+    from minirope.posttraining.report import write_run
     from minirope.posttraining.setup import (
         build_trainer,
         check_signal,
         final_weights,
-        held_out_value,
-        keep_best,
+        keep_best_callback,
         measure,
         prepare,
+        warm_up,
     )
-    from minirope.posttraining.sizing import after_warm_start
     from minirope.posttraining.time_split import TimeSplit
-    from minirope.posttraining.warm_start import answer_warm_start, warm_start
 
     split = TimeSplit()
     args, config, model_args = parse_args(argv)
@@ -62,22 +60,8 @@ def run(argv: list[str] | None = None) -> dict:
         setup = prepare(args, config, model_args)
     with split.part("measures"):
         before = measure(setup, args, config)
-    keep = keep_best(setup, args, config, before)
-    if keep is not None:
-        keep.measure = split.timed(keep.measure)
-    setup.warm = setup.warm or answer_warm_start(setup, args, before)
-    warm_folder = None
-    if setup.warm:
-        with split.part("warm start"):
-            setup.model, warm_folder = warm_start(setup, args, config)
-        print(f"[minirope] warm start: {setup.warm.steps} steps of SFT on {setup.warm.source}")
-        with split.part("measures"):
-            setup.warm.measured = measure(setup, args, config)
-        if keep is not None:
-            keep.warm_started(held_out_value(setup.warm.measured, config), None if model_args.use_peft else setup.model)
-        if changes := after_warm_start(args, config):
-            flags = " ".join(f"--{name} {value}" for name, value in changes.items())
-            print(f"[minirope] after the warm start: {flags} (minirope.posttraining.sizing.AFTER_WARM_START)")
+    keep = keep_best_callback(setup, args, config, before, split)
+    warm_folder = warm_up(setup, args, config, before, keep, split)
     check_signal(setup.warm.measured if setup.warm else before, args, warm_started=bool(setup.warm))
     train = setup.data.train if setup.data.train is not None else own_preference_pairs(setup, args, config)
     start_weights = (  # kept only to interpolate with
@@ -95,7 +79,7 @@ def run(argv: list[str] | None = None) -> dict:
     selection = final_weights(trainer, keep, setup, args, start_weights)
     with split.part("measures"):
         after = measure(setup, args, config)
-    return report(trainer, setup, args, before, after, train_metrics, selection, split)
+    return write_run(trainer, setup, args, before, after, train_metrics, selection, split)
 
 
 def main() -> None:

@@ -9,7 +9,7 @@
                 with LoRA), the weights kept after it (`final_weights`: best, merged, interpolated)
     data        the training rows and the held-out prompts: a `datasets` folder or Hub id and its splits, files,
                 or (nothing given) the verse task's prompts from the bundled plays; TRL's standard formats
-    rewards     rewards by name or import path, called as TRL calls them (prompts, completions, completion ids and
+    reward_calls  rewards by name or import path, called as TRL calls them (prompts, completions, completion ids and
                 the dataset's columns), checked before training; DPO's pairs from the model's own samples ranked by
                 the rewards' sum
     corpus      the language-modelling term on the user's pretraining text (ptx), mixed into TRL's updates, and
@@ -23,7 +23,9 @@
                 sampled), the share of distinct completions, bits per byte on the validation text
     keep_best   never silently worse: the held-out score every --eval_steps, the best weights kept, one line
                 saying what was gained
-    report      the folder a run leaves (model or adapter, card, run summary) and its before -> after line
+    report      the folder a run leaves (model or adapter, card, run summary: `write_run`) and its before -> after
+                line
+    time_split  how a run's time went: loading, measures, warm start, method, writing
     verse       the showcase task used when no data is given: prompts from the plays, its demonstrations (the
                 plays cut to their iambic lines), lines that scan and are iambic
 

@@ -21,20 +21,14 @@ from trl import DistillationConfig, DPOConfig, GRPOConfig, ModelConfig, ScriptAr
 from minirope.data.documents import read_utf8
 from minirope.data.pipeline import check_percentage
 from minirope.folders import first_line
-from minirope.posttraining.rewards import REJECTED_BY
+from minirope.posttraining.reward_calls import REJECTED_BY
 from minirope.posttraining.sizing import count_parameters, sized_defaults
+from minirope.posttraining.verse import VERSE_REJECTED_BY, verse_rewards
 from minirope.training.arguments import LORA_TARGETS, json_arguments, read_arguments_json
 from minirope.training.precision import decide_bf16
 
 METHODS = ("grpo", "dpo", "distill")
 LM_COEF = {"grpo": 0.5, "dpo": 1.0, "distill": 0.0}  # measured in docs/verse_*.md
-# the verse task's default rewards and their weights (grpo's and dpo's --reward_weights; distill measures grpo's),
-# measured in docs/verse_task.md
-VERSE_REWARDS = {
-    "grpo": {"meter_reward": 1.0, "word_variety_reward": 1.5},
-    "dpo": {"meter_reward": 1.0, "word_variety_reward": 1.5, "monosyllable_penalty": 1.0},
-}
-VERSE_REJECTED_BY = "first_reward"  # dpo's own pairs on the verse task, measured in docs/verse_dpo.md
 OWN_PAIR_PROMPTS, VERSE_PROMPTS = 4096, 1024  # --num_prompts' defaults: dpo's own pairs' prompts, the verse task
 SFT_STEPS = {"grpo": 300, "dpo": 300, "distill": 0}  # the warm start, measured in docs/verse_history.md
 SFT_BATCH_SIZE = 8  # the warm start's rows a step, measured in docs/verse_history.md
@@ -42,11 +36,6 @@ SFT_LM_COEF = 0.5  # the corpus term's weight during the warm start, docs/verse_
 
 
 RENAMED_CHECKPOINTING = "activation_checkpointing" in {item.name for item in fields(GRPOConfig)}
-
-
-def verse_rewards(method: str) -> dict[str, float]:
-    """The verse task's default rewards for `method`, each with its weight."""
-    return VERSE_REWARDS.get(method, VERSE_REWARDS["grpo"])
 
 
 def _listed(rewards: dict[str, float]) -> str:

@@ -5,7 +5,7 @@
   rewards as a keyword argument, as in TRL.
 - dpo: preference rows, `{"prompt", "chosen", "rejected"}`, or with an implicit prompt `{"chosen", "rejected"}`
   (TRL extracts the shared start); without data, pairs from the model's own ranked samples
-  (`minirope.posttraining.rewards.own_pairs`).
+  (`minirope.posttraining.reward_calls.own_pairs`).
 
 They come from `--dataset_name` (a folder saved by `datasets`, a folder of data files or a Hub id, with
 `--dataset_config`, `--dataset_train_split`, `--dataset_test_split`, as `trl grpo` takes them) or from

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
 from minirope.posttraining.measures import GREEDY, reward_means, sample
+from minirope.posttraining.reward_calls import weighted_reward
 
 
 def held_out_score(model, tokenizer, held_out: Dataset, rewards: list, weights: list[float] | None, tokens: int,
@@ -40,8 +41,7 @@ def held_out_score(model, tokenizer, held_out: Dataset, rewards: list, weights: 
 
 def weighted_sum(means: dict[str, float | None], weights: list[float] | None) -> float:
     """`means` (one per reward, in order) weighted by `weights` (None: 1 each) and summed; None counts 0."""
-    weights = weights if weights is not None else [1.0] * len(means)
-    return sum(weight * (mean or 0.0) for weight, mean in zip(weights, means.values(), strict=True))
+    return weighted_reward(list(means.values()), weights)
 
 
 def score_name(names: list[str], weights: list[float] | None) -> str:

@@ -22,7 +22,7 @@ from trl.data_utils import is_conversational
 
 from minirope.data.documents import Shard
 from minirope.data.pipeline import validation_windows
-from minirope.posttraining.rewards import call_reward, reward_name
+from minirope.posttraining.reward_calls import call_reward, reward_name, weighted_reward
 from minirope.posttraining.verse import VerseMeasure, verse_measure
 from minirope.rewards import completion_text
 from minirope.training.trainer import MiniRopeTrainer
@@ -119,11 +119,9 @@ def means(groups: list[list[float | None]]) -> float | None:
 def alike_values(values: dict[str, list[list[float | None]]], weights: list[float] | None) -> list[float | None]:
     """For each prompt, the weighted sum of the rewards (None counts 0) that all its completions score, as GRPO sums
     them, or None where they differ."""
-    weights = weights if weights is not None else [1.0] * len(values)
     alike = []
     for groups in zip(*values.values(), strict=True):
-        sums = {round(sum(w * (group[k] or 0.0) for w, group in zip(weights, groups, strict=True)), 9)
-                for k in range(len(groups[0]))}  # fmt: skip
+        sums = {round(weighted_reward([group[k] for group in groups], weights), 9) for k in range(len(groups[0]))}
         alike.append(sums.pop() if len(sums) == 1 else None)
     return alike
 

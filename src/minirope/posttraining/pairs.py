@@ -5,7 +5,7 @@ from pathlib import Path
 from datasets import Dataset
 
 from minirope.posttraining.measures import SAMPLING, sample
-from minirope.posttraining.rewards import own_pairs
+from minirope.posttraining.reward_calls import own_pairs
 
 PAIRS_FILE = "preference_pairs.jsonl"  # in the output folder, for the user to read and reuse
 

@@ -1,11 +1,11 @@
 """What a post-training run leaves behind: the folder (model or LoRA adapter, tokenizer, card, metrics, the run
-summary with the measures before and after and the kept step) and the before -> after line (`report`)."""
+summary with the measures before and after and the kept step) and the before -> after line (`write_run`)."""
 
 from minirope.output.card import card_name, licence_of, model_card
 from minirope.output.folder import finish_run
 from minirope.posttraining.keep_best import score_name
 from minirope.posttraining.measures import METRIC, prompt_text
-from minirope.posttraining.rewards import reward_name
+from minirope.posttraining.reward_calls import reward_name
 from minirope.posttraining.sizing import sft_learning_rate
 from minirope.training.throughput import training_flops_per_token
 
@@ -24,7 +24,7 @@ def teacher_flops(trainer) -> float:
     return trainer.state.num_input_tokens_seen * training_flops_per_token(teacher, length) / 3
 
 
-def report(trainer, setup, args, before, after, train_metrics: dict, selection, split) -> dict:
+def write_run(trainer, setup, args, before, after, train_metrics: dict, selection, split) -> dict:
     """Write the folder (model, tokenizer, card, metrics, summary, samples) and print the before -> after line and
     how the run's time was spent (`split`, a `TimeSplit`; its "writing" part is this function's)."""
     config, warm = trainer.args, setup.warm

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from minirope.folders import ModelArguments, check_output, load_causal_lm
 from minirope.output.folder import check_previous_run
 from minirope.output.hub import check_push
-from minirope.posttraining.arguments import VERSE_REJECTED_BY, verse_rewards
 from minirope.posttraining.corpus import (
     TRAINERS,
     add_corpus,
@@ -18,8 +17,11 @@ from minirope.posttraining.corpus import (
 from minirope.posttraining.data import check_chat_template, load_task_data
 from minirope.posttraining.keep_best import KeepBest, Selection, held_out_score, weighted_sum
 from minirope.posttraining.measures import SAMPLING, SIGNAL_SAMPLES, measure_task, sample
-from minirope.posttraining.rewards import check_rewards, resolve_reward
-from minirope.posttraining.warm_start import demonstrations
+from minirope.posttraining.reward_calls import check_rewards, resolve_reward
+from minirope.posttraining.sizing import after_warm_start
+from minirope.posttraining.time_split import TimeSplit
+from minirope.posttraining.verse import VERSE_REJECTED_BY, verse_rewards
+from minirope.posttraining.warm_start import answer_warm_start, demonstrations, warm_start
 from minirope.training.checkpoints import check_resume, resolve_resume
 
 
@@ -177,16 +179,19 @@ def held_out_value(measures, config) -> float:
     return weighted_sum(measures.greedy, getattr(config, "reward_weights", None))  # distill has no weights
 
 
-def keep_best(setup: Setup, args, config, before) -> KeepBest | None:
+def keep_best_callback(setup: Setup, args, config, before, split: TimeSplit) -> KeepBest | None:
     """The `KeepBest` callback of the run: the held-out score of the rewards (weighted by `--reward_weights`), greedy,
-    every `--eval_steps`; the starting model's score taken from the `before` measures (the same completions). None
-    without rewards (DPO on preference pairs, distillation without --reward_funcs): nothing to score by."""
+    every `--eval_steps`, its time counted to the measures of `split`; the starting model's score taken from the
+    `before` measures (the same completions). None without rewards (DPO on preference pairs, distillation without
+    --reward_funcs): nothing to score by."""
     if not setup.rewards:
         return None
     weights = getattr(config, "reward_weights", None)
     held_out, tokens = setup.data.held_out, args.eval_max_new_tokens
     keep = KeepBest(
-        lambda model: held_out_score(model, setup.tokenizer, held_out, setup.rewards, weights, tokens, config.seed),
+        split.timed(
+            lambda model: held_out_score(model, setup.tokenizer, held_out, setup.rewards, weights, tokens, config.seed)
+        ),  # fmt: skip
         config.eval_steps,
         keep_last=args.keep_last,
     )
@@ -195,6 +200,29 @@ def keep_best(setup: Setup, args, config, before) -> KeepBest | None:
     keep.start(held_out_value(before, config), None if setup.model_args.use_peft else setup.model)
     keep.resume(setup.resume)
     return keep
+
+
+def warm_up(setup: Setup, args, config, before, keep: KeepBest | None, split: TimeSplit):
+    """The warm start, where the run takes one (`--sft_steps`, the verse task's, or by itself on the rows' answers:
+    `answer_warm_start`): `setup.model` becomes the warm-started model, measured (`setup.warm.measured`), offered to
+    `keep` as step 0, and the sized defaults for after a warm start applied (`sizing.after_warm_start`). Returns the
+    temporary folder holding it (the method's trainer reads its reference model from there), or None."""
+    setup.warm = setup.warm or answer_warm_start(setup, args, before)
+    if not setup.warm:
+        return None
+    with split.part("warm start"):
+        setup.model, folder = warm_start(setup, args, config)
+    print(f"[minirope] warm start: {setup.warm.steps} steps of SFT on {setup.warm.source}")
+    with split.part("measures"):
+        setup.warm.measured = measure(setup, args, config)
+    if keep is not None:  # a LoRA run keeps no copy of a model: the adapter's start is taken when training begins
+        keep.warm_started(
+            held_out_value(setup.warm.measured, config), None if setup.model_args.use_peft else setup.model
+        )
+    if changes := after_warm_start(args, config):
+        flags = " ".join(f"--{name} {value}" for name, value in changes.items())
+        print(f"[minirope] after the warm start: {flags} (minirope.posttraining.sizing.AFTER_WARM_START)")
+    return folder
 
 
 def build_trainer(setup: Setup, args, config, train, keep: KeepBest | None):
@@ -240,10 +268,12 @@ def final_weights(trainer, keep: KeepBest | None, setup: Setup, args, start_weig
         selection = keep.restore_best(trainer.model)
     if setup.model_args.use_peft and setup.model_args.merge_lora:
         trainer.model = trainer.model.merge_and_unload()
+    if selection is None:  # kept weights named for the whole model (a checkpoint of an earlier version): into it
+        selection = keep.restore_best(trainer.model)
     # LoRA after a warm start that gained nothing: the model given, read again from disk (no copy was kept)
     if (setup.model_args.use_peft and selection.kept_step == 0 and setup.warm and selection.before is None
             and not selection.keep_last):  # fmt: skip
-        trainer.model = starting_model(setup, trainer.args.trust_remote_code)
+        trainer.model = starting_model(setup, trainer.args.trust_remote_code).to(trainer.model.device)
     if selection.kept_step != 0:  # the starting (or warm-started) weights kept: nothing to interpolate towards
         interpolate_weights(trainer.model, start_weights, args.weight_interpolation)
     elif args.weight_interpolation < 1:

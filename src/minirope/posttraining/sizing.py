@@ -12,15 +12,28 @@ yet: no measure on a model this size. A flag given on the command line or in the
 the run prints the sized values it used.
 """
 
+from dataclasses import fields
+
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, TrainingArguments
 
 from minirope.folders import ModelArguments, load_config
 
+# transformers 5.24 renamed `gradient_checkpointing` (the floor's name) to `activation_checkpointing`
+CHECKPOINTING = next(name for name in ("activation_checkpointing", "gradient_checkpointing")
+                     if name in {item.name for item in fields(TrainingArguments)})  # fmt: skip
 RELEASED_SIZE = 20_000_000  # parameters: above, a released checkpoint (SmolLM2-135M: 134.5M), not a demo-sized model
 # measured on SmolLM2-135M-Instruct, 2-core AMD Zen 3 (docs/pretrained.md, "Post-training it")
 LARGER_MODEL = {
-    "all": {"eval_prompts": 64, "eval_samples_per_prompt": 8, "eval_max_new_tokens": 32, "sft_batch_size": 16},
+    # activation checkpointing: GRPO with LoRA on SmolLM2, 2 steps of 16 completions, peak RSS 6.24 -> 3.87 GB for
+    # 42 -> 47 s of steps (TRL's default is on: 2.92 GB with LoRA on q_proj and v_proj; benchmarks/posttrain_speed.py)
+    "all": {
+        "eval_prompts": 64,
+        "eval_samples_per_prompt": 8,
+        "eval_max_new_tokens": 32,
+        "sft_batch_size": 16,
+        CHECKPOINTING: True,
+    },  # fmt: skip
     "grpo": {"max_steps": 20, "num_generations": 8, "per_device_train_batch_size": 16, "max_completion_length": 32},
     "dpo": {"num_prompts": 128},  # its own pairs: 128 prompts sampled --samples_per_prompt (8) times
 }

@@ -19,6 +19,19 @@ from functools import cache
 from minirope.data.bundled import shakespeare_dataset
 from minirope.rewards import LINES_PER_COMPLETION, is_iambic, polysyllables, scans, verse_lines, words_of
 
+# the verse task's default rewards and their weights (grpo's and dpo's --reward_weights; distill measures grpo's),
+# measured in docs/verse_task.md
+VERSE_REWARDS = {
+    "grpo": {"meter_reward": 1.0, "word_variety_reward": 1.5},
+    "dpo": {"meter_reward": 1.0, "word_variety_reward": 1.5, "monosyllable_penalty": 1.0},
+}
+VERSE_REJECTED_BY = "first_reward"  # dpo's own pairs on the verse task, measured in docs/verse_dpo.md
+
+
+def verse_rewards(method: str) -> dict[str, float]:
+    """The verse task's default rewards for `method`, each with its weight."""
+    return VERSE_REWARDS.get(method, VERSE_REWARDS["grpo"])
+
 
 def _speeches(play: str) -> list[tuple[str, list[str]]]:
     """Every speech of a play's text as (header, its lines)."""

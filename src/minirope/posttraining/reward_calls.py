@@ -20,6 +20,14 @@ from minirope.rewards import REWARDS
 TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
 
 
+def weighted_reward(values, weights: list[float] | None) -> float:
+    """The rewards' weighted sum, as GRPO sums a completion's rewards (`--reward_weights`): `values` one per reward,
+    in order (a completion's values, or each reward's mean), `weights` one per reward (None: 1 each); None ("does not
+    apply") counts 0."""
+    weights = weights if weights is not None else [1.0] * len(values)
+    return sum(weight * (value or 0.0) for weight, value in zip(weights, values, strict=True))
+
+
 def resolve_reward(name: str):
     """A reward function by name: minirope's (`minirope.rewards.REWARDS`), TRL's registry (`trl.rewards`), or a dotted
     import path, imported with the working directory on `sys.path`, as TRL's own `trl grpo --reward_funcs` does.
@@ -119,8 +127,8 @@ def own_pairs(
         rows, texts, ids = samples.group(index)
         values = [call_reward(reward, rows, texts, ids) for reward in rewards]
         columns = enumerate(zip(*values, strict=True))  # each completion's values, one per reward
-        scored = [(sum(w * v for w, v in zip(weights, column, strict=True) if v is not None), k)
-                  for k, column in columns if any(v is not None for v in column)]  # fmt: skip
+        scored = [(weighted_reward(column, weights), k) for k, column in columns
+                  if any(v is not None for v in column)]  # fmt: skip
         if len(scored) < 2:
             continue
         best_score, best = max(scored)
