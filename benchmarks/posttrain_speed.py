@@ -115,7 +115,7 @@ def trl_side(work: Path, steps: int, tokens: int, device: str) -> dict:
                           train_dataset=load_from_disk(str(work / "data"))["train"],
                           peft_config=get_peft_config(lora))  # fmt: skip
     metrics = trainer.train().metrics
-    return {"train_seconds": round(metrics["train_runtime"], 1), "bf16": config.bf16,
+    return {"train_seconds": round(metrics["train_runtime"], 3), "bf16": config.bf16,
             "gradient_checkpointing": config.gradient_checkpointing,
             "lora_target_modules": sorted(trainer.model.peft_config["default"].target_modules)}  # fmt: skip
 
@@ -184,7 +184,7 @@ def main() -> None:
         "batch": f"{BATCH // GENERATIONS} prompts x {GENERATIONS} completions, {args.max_completion_length} new tokens",
         "trl_defaults": trl,
         "minirope": ours,
-        "train_time_ratio": round(ours["train_seconds"] / trl["train_seconds"], 3),
+        "train_time_ratio": round(ours["train_seconds"] / max(trl["train_seconds"], 1e-3), 3),
         "peak_rss_ratio": round(ours["peak_rss_gb"] / trl["peak_rss_gb"], 3),
     }
     print(f"machine: {row['machine']}")

@@ -82,7 +82,7 @@ def measured_products(model, timing: bool) -> None:
         return
     decoding = use_measured_products(model, timing=timing)
     prompt = use_measured_products(model, training=True, timing=timing)
-    if decoding or prompt:
+    if timing or decoding or prompt:
         total = sum(type(module) is torch.nn.Linear for module in model.modules())
         print(f"[minirope] products on oneDNN, measured faster on this CPU: decoding {len(decoding)}, prompt "
               f"{len(prompt)} of {total} linear layers (--measured_products False: none)", file=sys.stderr)  # fmt: skip
