@@ -491,14 +491,20 @@ def main() -> None:
     print(f"\nwrote {args.out}" + ("" if args.skip_scaling else f" and {RESULTS / 'scaling.png'}"))
 
 
+def append_jsonl(path: Path, row: dict) -> None:
+    """Append `row` to the JSON-lines file `path` (its folder made where missing): each run adds its own line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as rows:
+        rows.write(json.dumps(row) + "\n")
+
+
 def append_cpu_row(report: dict, path: Path) -> None:
     """One line per run in `path` (JSON lines), so that the rows of every machine the benchmark ran on accumulate:
     the CPU, its threads, torch and transformers, and each case's minirope/Llama ratio."""
     row = {key: report[key] for key in ("date", "cpu", "machine", "float32_peak_gflops")}
     row |= {"torch": torch.__version__, "transformers": transformers.__version__}
     row["ratios"] = {case["case"]: round(case["ratio"], 3) for case in report["cases"]}
-    with path.open("a") as rows:
-        rows.write(json.dumps(row) + "\n")
+    append_jsonl(path, row)
     print(f"appended this machine's row to {path}")
 
 

@@ -8,7 +8,6 @@ process, alternating, the median of `--reps` of each. Prints both, their ratio a
 """
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -16,6 +15,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_speed import append_jsonl, cpu_description  # the benchmarks' own helpers (this folder is on sys.path)
 
 PLAIN = """import sys
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -52,7 +53,6 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from minirope.convert import to_llama
-    from minirope.cpu_products import cpu_model_name
 
     with tempfile.TemporaryDirectory(prefix="first-reply-") as scratch:
         llama = Path(scratch) / "llama"
@@ -75,7 +75,7 @@ def main() -> None:
     row = {
         "command": "benchmarks/first_reply.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d"),
-        "cpu": cpu_model_name(),
+        "cpu": cpu_description(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -91,10 +91,7 @@ def main() -> None:
     print(f"plain transformers: median {row['plain_median']} s {row['plain_seconds']}")
     print(f"minirope-generate (fresh cache): median {row['minirope_median']} s {row['minirope_seconds']}")
     print(f"minirope / plain: {row['ratio']}x; the same reply: {row['same_reply']} ({replies.pop()!r})")
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with output.open("a") as file:
-        file.write(json.dumps(row) + "\n")
+    append_jsonl(Path(args.output), row)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_speed import append_jsonl, cpu_description  # the benchmarks' own helpers (this folder is on sys.path)
+
 REWARDS = '''import re
 
 
@@ -48,12 +50,8 @@ def machine() -> dict:
     import transformers
     import trl
 
-    from minirope.cpu_products import cpu_model_name
-
-    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
-    vector = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if flag in flags]
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return {"cpu": f"{cpu_model_name()}, {', '.join(vector) or 'no AVX2'}", "cores": os.cpu_count(), "gpu": gpu,
+    return {"cpu": cpu_description(), "cores": os.cpu_count(), "gpu": gpu,
             "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
             "python": platform.python_version()}  # fmt: skip
 
@@ -195,10 +193,7 @@ def main() -> None:
           f"{ours['method_seconds']} s, the rest its held-out measures), whole command {ours['wall_seconds']} s, "
           f"peak RSS {ours['peak_rss_gb']} GB")  # fmt: skip
     print(f"minirope / TRL: training time {row['train_time_ratio']}x, peak RSS {row['peak_rss_ratio']}x")
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with output.open("a") as file:
-        file.write(json.dumps(row) + "\n")
+    append_jsonl(Path(args.output), row)
 
 
 if __name__ == "__main__":

@@ -314,9 +314,8 @@ def use_measured_products(model: nn.Module, training: bool = False, timing: bool
     model_mib = 2 ** max(0, math.ceil(math.log2(4 * weights / 2**20)))  # rounded up to a power of 2: fewer entries
     shapes = {(m.in_features, m.out_features) for m in linears.values()}
     measured = decisions(shapes, model_mib, (TRAINING_ROWS,) if training else ROWS, timing)
-    if measured is None:
-        measured = {}
-        rows_of_use = ()
+    if measured is None:  # not cached and not to be timed: this use moves nothing
+        return {}
     kept = {}
     for rows in rows_of_use:
         faster = [

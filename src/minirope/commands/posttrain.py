@@ -25,7 +25,7 @@ from transformers import set_seed
 
 from minirope.commands import run_cli
 from minirope.output.folder import remove_old_checkpoints
-from minirope.training.precision import avoid_cudnn_attention
+from minirope.training.precision import avoid_cudnn_attention, precision_name
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -52,8 +52,7 @@ def run(argv: list[str] | None = None) -> dict:
 
     split = TimeSplit()
     args, config, model_args = parse_args(argv)
-    given = "fp16" if config.fp16 else "bf16" if config.bf16 else "float32"
-    print(f"[minirope] {config.precision_line or f'precision: {given} (--bf16/--fp16 given)'}")
+    print(f"[minirope] {config.precision_line or f'precision: {precision_name(config)} (--bf16/--fp16 given)'}")
     set_seed(config.seed)
     avoid_cudnn_attention(config)  # padded batches
     with split.part("loading"):

@@ -53,8 +53,8 @@ def gguf_licence(path: Path) -> Licence:
         field = GGUFReader(path).get_field("general.license")
     except (OSError, ValueError, KeyError, IndexError, struct.error) as error:
         raise ValueError(f"{path} is not a readable GGUF file ({type(error).__name__}: {error}).") from None
-    value = field.contents() if field is not None else None
-    return Licence(str(value).strip() or None if value is not None else None, f"{path.name}'s `general.license`")
+    text = str(field.contents()).strip() if field is not None else ""
+    return Licence(text or None, f"{path.name}'s `general.license`")
 
 
 def licence_of(source: str, revision: str = "main") -> Licence:

@@ -7,6 +7,7 @@ from minirope.posttraining.keep_best import score_name
 from minirope.posttraining.measures import METRIC, prompt_text
 from minirope.posttraining.reward_calls import reward_name
 from minirope.posttraining.sizing import sft_learning_rate
+from minirope.training.precision import precision_name
 from minirope.training.throughput import training_flops_per_token
 
 METHOD_TAGS = {"grpo": "grpo", "dpo": "dpo", "distill": "distillation"}  # the model card's tag for each method
@@ -101,7 +102,7 @@ def write_run(trainer, setup, args, before, after, train_metrics: dict, selectio
                       licence=licence_of(base, setup.model_args.model_revision))  # fmt: skip
     seconds = summary["train_seconds"]
     line = f"{before.line()} -> {after.line()} in {steps} steps, {seconds:.0f} s; written to {config.output_dir}/"
-    summary["precision"] = "fp16" if config.fp16 else "bf16" if config.bf16 else "float32"
+    summary["precision"] = precision_name(config)
     summary["time_split"] = split.as_dict()  # up to the writing of the folder, which the returned summary adds
     print(f"[minirope] {split.line()}")
     with split.part("writing"):

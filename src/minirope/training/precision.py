@@ -67,6 +67,11 @@ def choose_bf16(device: torch.device) -> tuple[bool, str]:
     )
 
 
+def precision_name(args) -> str:
+    """The precision `args` (a `TrainingArguments`, TRL's configs too) trains in: "fp16", "bf16" or "float32"."""
+    return "fp16" if args.fp16 else "bf16" if args.bf16 else "float32"
+
+
 def decide_bf16(args) -> str | None:
     """Set `args.bf16` (a `TrainingArguments`, TRL's configs too) where no flag set it (None) and `--fp16` is off:
     `choose_bf16` on the device the run trains on (the CPU under `use_cpu` or without an accelerator). Returns the
