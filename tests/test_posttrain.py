@@ -330,6 +330,53 @@ def test_own_pairs_keep_only_prompts_whose_samples_differ_in_reward(tiny_pretrai
     assert groups == [two.completions[:3], two.completions[3:]]  # each prompt's completions scored together
 
 
+def test_samples_read_each_prompt_once_and_equal_generates_num_return_sequences(tiny_pretrained):
+    """`sample` prefills each prompt once for all its completions (`shared_prefill`): the same tokens as transformers'
+    `generate(num_return_sequences=...)` on the same seed, for prompts of different lengths (left padding); the
+    prefill reads `B` rows, not `B x per_prompt`."""
+    from minirope.posttraining import measures
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_pretrained).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
+    prompts = ["ROMEO:\n", "FIRST CITIZEN:\nBefore we proceed any further, hear me speak.\n\nALL:\n"]
+    rows = Dataset.from_dict({"prompt": prompts})
+    shared = sample(model, tokenizer, rows, 4, 12, 7, SAMPLING)
+    tokenizer.padding_side = "left"
+    inputs = tokenizer(prompts, return_tensors="pt", padding=True)
+    torch.manual_seed(7)
+    out = model.generate(**inputs, **SAMPLING, max_new_tokens=12, num_return_sequences=4,
+                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    eos = tokenizer.eos_token_id
+    expected = [row[: row.index(eos)] if eos in row else row for row in out[:, inputs["input_ids"].shape[1] :].tolist()]
+    assert shared.completion_ids == expected
+    assert len(set(map(tuple, expected))) > 1  # sampled: the completions differ
+    batches = []
+    hook = model.register_forward_pre_hook(lambda module, args, kwargs: batches.append(kwargs["input_ids"].shape[0]),
+                                           with_kwargs=True)  # fmt: skip
+    with torch.no_grad():
+        model.generate(**measures.shared_prefill(model, inputs, 4), max_new_tokens=2, pad_token_id=0)
+    hook.remove()
+    assert batches[0] == 2 and batches[1:] == [8, 8]  # the prompts once, then every completion
+
+
+def test_the_measures_sample_the_first_eval_sampled_prompts_and_greedy_decode_all(tiny_pretrained):
+    from types import SimpleNamespace
+
+    from minirope.posttraining.measures import measure_task
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
+    rows = Dataset.from_dict({"prompt": ["ROMEO:\n", "JULIET:\n", "NURSE:\n"]})
+    calls = []
+    reward = lambda completions, prompts, **kw: calls.append((prompts[0], len(completions))) or [1.0] * len(prompts)  # noqa: E731
+    args = SimpleNamespace(eval_max_new_tokens=4, eval_samples_per_prompt=3, eval_sampled_prompts=2)
+    measured = measure_task(model, tokenizer, rows, [reward], args, SimpleNamespace(seed=0), None, False)
+    assert (measured.prompts, measured.sampled_prompts) == (3, 2)
+    greedy, sampled = [("ROMEO:\n", 1), ("JULIET:\n", 1), ("NURSE:\n", 1)], [("ROMEO:\n", 3), ("JULIET:\n", 3)]
+    assert sorted(calls) == sorted(greedy + sampled)  # greedy: every prompt; sampled: the first two, 3 each
+    assert [row["sampled"] is None for row in measured.samples] == [False, False, True]
+
+
 def test_own_pairs_can_reject_the_worst_by_the_first_reward(tiny_pretrained):
     """`rejected_by="first_reward"`: the chosen is still the best by the weighted sum, the rejected the lowest by the
     first reward, ties to the lower sum, never one the first reward does not apply to."""
@@ -577,7 +624,7 @@ def test_the_answer_warm_start_is_taken_by_grpo_and_dpos_own_pairs_only_when_sam
         data = SimpleNamespace(rows=rows, verse=False)
         args = SimpleNamespace(method=method, sft_steps=sft_steps, sft_batch_size=2, eval_samples_per_prompt=samples)
         run = SimpleNamespace(data=data, model=model, model_args=model_args)
-        return warm_start.answer_warm_start(run, args, TaskMeasure(1, {}, {}, 1.0, None, None, [], share, solved))
+        return warm_start.answer_warm_start(run, args, TaskMeasure(1, 1, {}, {}, 1.0, None, None, [], share, solved))
 
     for method in ("grpo", "dpo"):
         taken = warm(method, 0.9)
@@ -602,9 +649,9 @@ def test_solved_prompts_are_told_from_failing_ones_and_an_all_solved_task_is_sai
     assert solved_share({"exact": [[0.5, 0.5]]}, None) == 0  # alike at half credit: failing
     args = SimpleNamespace(method="grpo", eval_samples_per_prompt=8, require_reward_spread=True)
     with pytest.raises(ValueError, match="already solved on the held-out prompts"):
-        check_signal(TaskMeasure(4, {}, {}, 1.0, None, None, [], 1.0, 1.0), args)
+        check_signal(TaskMeasure(4, 4, {}, {}, 1.0, None, None, [], 1.0, 1.0), args)
     with pytest.raises(ValueError, match="Give the model a start on the task"):
-        check_signal(TaskMeasure(4, {}, {}, 1.0, None, None, [], 1.0, 0.25), args)
+        check_signal(TaskMeasure(4, 4, {}, {}, 1.0, None, None, [], 1.0, 0.25), args)
 
 
 def test_keep_best_keeps_a_warm_start_that_no_later_step_beats(tiny_pretrained):
@@ -702,6 +749,7 @@ def test_a_released_size_model_gets_defaults_sized_for_it_and_a_given_flag_wins(
     args, config, _ = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--max_steps", "7"])
     assert config.max_steps == 7 and config.num_generations == LARGER_MODEL["grpo"]["num_generations"]
     assert args.eval_prompts == LARGER_MODEL["all"]["eval_prompts"] and "max_steps" not in args.sized
+    assert args.eval_sampled_prompts == LARGER_MODEL["all"]["eval_sampled_prompts"] < args.eval_prompts
     assert getattr(config, CHECKPOINTING) is True  # memory: the activations of a released model's steps recomputed
     assert config.learning_rate == 1e-4  # full weights: the data default
     args, config, model_args = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--use_peft"])

@@ -209,7 +209,17 @@ class PosttrainArguments(ScriptArguments):
         default=None,
         metadata={"help": "Held-out prompts measured before and after: default 16 speaker headers (verse), else all."},
     )
-    eval_samples_per_prompt: int = field(default=16, metadata={"help": "Samples of each held-out prompt."})
+    eval_samples_per_prompt: int = field(
+        default=16, metadata={"help": "Samples of each sampled held-out prompt (see --eval_sampled_prompts)."}
+    )
+    eval_sampled_prompts: int | None = field(
+        default=None,
+        metadata={
+            "help": "Held-out prompts (the first of them) sampled --eval_samples_per_prompt times, for the sampled "
+            "rewards, the share of distinct completions and GRPO's signal check; the greedy measures take every "
+            "held-out prompt. Default: all."
+        },
+    )
     eval_max_new_tokens: int = field(default=64, metadata={"help": "Tokens sampled for each measured completion."})
 
     def __post_init__(self) -> None:
@@ -218,7 +228,7 @@ class PosttrainArguments(ScriptArguments):
         if self.rejected_by not in (None, *REJECTED_BY):
             raise ValueError(f"--rejected_by {self.rejected_by!r} is not one of {', '.join(REJECTED_BY)}.")
         for name in ("num_prompts", "samples_per_prompt", "lm_batch_size", "sft_batch_size", "eval_prompts",
-                     "eval_samples_per_prompt", "eval_max_new_tokens"):  # fmt: skip
+                     "eval_samples_per_prompt", "eval_sampled_prompts", "eval_max_new_tokens"):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}.")
         if self.method == "dpo" and self.samples_per_prompt < 2:

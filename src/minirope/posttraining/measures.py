@@ -3,8 +3,9 @@
 On the held-out prompts (never trained on; `minirope.posttraining.data`):
 
 - each reward's mean over one **greedy** completion per prompt (for a task with one right answer, the exact-match
-  accuracy) and over `--eval_samples_per_prompt` **sampled** ones (temperature 0.8, top_k 50, the run's seed, whatever
-  the folder's generation config says), the rewards called as TRL calls them (`call_reward`), `None` values left out;
+  accuracy) and over `--eval_samples_per_prompt` **sampled** ones of the first `--eval_sampled_prompts` prompts
+  (temperature 0.8, top_k 50, the run's seed, whatever the folder's generation config says; each prompt read once for
+  all its samples: `shared_prefill`), the rewards called as TRL calls them (`call_reward`), `None` values left out;
 - the share of distinct sampled completions (a policy that collapses onto one answer shows here);
 - bits per byte of the validation text, when there is one (`--lm_validation_file`, or the bundled validation plays
   for a model trained on them), each document tokenized whole, as `minirope-pretrain` reports it;
@@ -18,8 +19,10 @@ from dataclasses import dataclass, field
 import torch
 from datasets import Dataset
 from transformers import PreTrainedTokenizerBase, TrainingArguments
+from transformers.cache_utils import DynamicCache
 from trl.data_utils import is_conversational
 
+from minirope.compat_minirope import cache_keyword
 from minirope.data.documents import Shard
 from minirope.data.pipeline import validation_windows
 from minirope.posttraining.reward_calls import call_reward, reward_name, weighted_reward
@@ -64,12 +67,38 @@ def prompt_text(prompt, tokenizer: PreTrainedTokenizerBase) -> str:
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
 
 
+def shared_prefill(model, inputs: dict, per_prompt: int) -> dict:
+    """`generate()`'s inputs for `per_prompt` completions of each of a batch of left-padded prompts, each prompt read
+    once: its tokens but the last go through the model into a `DynamicCache` (positions from the attention mask, as
+    `generate()` counts them), the cache is repeated `per_prompt` times (`Cache.batch_repeat_interleave`) and
+    `generate()` continues from it: the prompts' prefill costs `1 / per_prompt` of `num_return_sequences`'s, and the
+    tokens are the same (transformers' prompt reuse, "Re-use cache to continue generation"; SmolLM2-135M-Instruct,
+    32 prompts sampled 8 times: 53.7 -> 36.8 s on a 2-core Zen 3, every token equal).
+
+    `inputs`: the tokenizer's `input_ids` and `attention_mask`, `(B, T)`; returns them `(B * per_prompt, T)`, row `i`
+    of the batch repeated at rows `i * per_prompt ... (i + 1) * per_prompt - 1` (as `num_return_sequences` orders
+    them), with the cache under transformers' keyword for it (`cache_keyword`). With one completion a prompt, or
+    one-token prompts, the inputs with `num_return_sequences` as they are."""
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    if per_prompt == 1 or ids.shape[1] < 2:
+        return {**inputs, "num_return_sequences": per_prompt}
+    cache = DynamicCache(config=model.config)
+    positions = (mask[:, :-1].cumsum(-1) - 1).clamp(min=0)
+    model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions, use_cache=True, logits_to_keep=1,
+          **cache_keyword(cache))  # fmt: skip
+    cache.batch_repeat_interleave(per_prompt)
+    repeated = {"input_ids": ids, "attention_mask": mask}
+    return {**{name: tensor.repeat_interleave(per_prompt, dim=0) for name, tensor in repeated.items()},
+            **cache_keyword(cache)}  # fmt: skip
+
+
 @torch.no_grad()
 def sample(
     model, tokenizer, rows: Dataset, per_prompt: int, max_new_tokens: int, seed: int, settings: dict, batch: int = 256
 ) -> Samples:
     """`per_prompt` completions of each row's `prompt` with `generate()` and `settings` (`SAMPLING` or `GREEDY`),
-    seeded; prompts go left-padded, as many at a time as make at most `batch` sequences. A completion is decoded
+    seeded; prompts go left-padded, as many at a time as make at most `batch` sequences, each read once for all its
+    completions (`shared_prefill`). A completion is decoded
     without special tokens and ends at the first end-of-sequence token; conversational prompts get conversational
     completions (`[{"role": "assistant", "content": text}]`), as TRL gives them to rewards."""
     model.eval()
@@ -85,7 +114,7 @@ def sample(
         for first in range(0, len(prompt_rows), step):
             prompts = [prompt_text(row["prompt"], tokenizer) for row in prompt_rows[first : first + step]]
             inputs = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
-            out = model.generate(**inputs, **settings, max_new_tokens=max_new_tokens, num_return_sequences=per_prompt,
+            out = model.generate(**shared_prefill(model, inputs, per_prompt), **settings, max_new_tokens=max_new_tokens,
                                  pad_token_id=pad)  # fmt: skip
             for row in out[:, inputs["input_ids"].shape[1] :].tolist():
                 ids.append(row[: row.index(eos)] if eos in row else row)
@@ -166,7 +195,8 @@ def bits_per_byte(model, tokenizer, shards: list[Shard], run: TrainingArguments 
 class TaskMeasure:
     """One side (before or after) of a run's measures; see the module doc."""
 
-    prompts: int
+    prompts: int  # measured greedy
+    sampled_prompts: int  # the first of them, sampled `--eval_samples_per_prompt` times
     greedy: dict[str, float | None]
     sampled: dict[str, float | None]
     distinct_share: float
@@ -185,6 +215,7 @@ class TaskMeasure:
     def as_dict(self) -> dict:
         return {
             "prompts": self.prompts,
+            "sampled_prompts": self.sampled_prompts,
             "rewards_greedy": self.greedy,
             "rewards_sampled": self.sampled,
             "distinct_completions_share": self.distinct_share,
@@ -214,20 +245,22 @@ def measure_task(model, tokenizer, held_out: Dataset, rewards: list, args, confi
     device of the bits per byte, `text` the validation text (None: not measured)."""
     tokens, seed = args.eval_max_new_tokens, config.seed
     greedy = sample(model, tokenizer, held_out, 1, tokens, seed, GREEDY)
-    sampled = sample(model, tokenizer, held_out, args.eval_samples_per_prompt, tokens, seed, SAMPLING)
+    sampled_rows = held_out.select(range(min(len(held_out), args.eval_sampled_prompts or len(held_out))))
+    sampled = sample(model, tokenizer, sampled_rows, args.eval_samples_per_prompt, tokens, seed, SAMPLING)
     texts = [completion_text(completion) for completion in sampled.completions]
     per_prompt = sampled.per_prompt
     examples = [
         {
             "prompt": row["prompt"],
             "greedy": completion_text(greedy.completions[index]),
-            "sampled": texts[index * per_prompt],
+            "sampled": texts[index * per_prompt] if index < len(sampled_rows) else None,
         }
         for index, row in enumerate(held_out.to_list()[:16])
     ]
     values = group_values(rewards, sampled)
     return TaskMeasure(
         prompts=len(held_out),
+        sampled_prompts=len(sampled_rows),
         greedy=reward_means(rewards, greedy),
         sampled={name: means(groups) for name, groups in values.items()},
         distinct_share=len(set(texts)) / max(1, len(texts)),

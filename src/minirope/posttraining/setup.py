@@ -130,7 +130,8 @@ def measure(setup: Setup, args, config):
     """The measures of the model now (`measure_task`), printed."""
     measured = measure_task(setup.model, setup.tokenizer, setup.data.held_out, setup.rewards, args, config,
                             setup.corpus.validation, setup.data.verse)  # fmt: skip
-    print(f"[minirope] {measured.prompts} held-out prompts: {measured.line()}")
+    sampled = f" ({measured.sampled_prompts} sampled)" if measured.sampled_prompts < measured.prompts else ""
+    print(f"[minirope] {measured.prompts} held-out prompts{sampled}: {measured.line()}")
     return measured
 
 
@@ -153,15 +154,15 @@ def check_signal(measured, args, warm_started: bool = False) -> None:
         return
     if share == 1 and measured.solved_share == 1 and args.require_reward_spread and not warm_started:
         raise ValueError(
-            f"already solved on the held-out prompts: every sample of each of the {measured.prompts} prompts scores "
-            f"full credit ({args.eval_samples_per_prompt} samples each), so GRPO has nothing to learn and nothing to "
-            f"gain by these rewards; give harder prompts or a stricter reward (--require_reward_spread False trains "
-            f"anyway). Nothing was written."
+            f"already solved on the held-out prompts: every sample of each of the {measured.sampled_prompts} prompts "
+            f"sampled scores full credit ({args.eval_samples_per_prompt} samples each), so GRPO has nothing to learn "
+            f"and nothing to gain by these rewards; give harder prompts or a stricter reward (--require_reward_spread "
+            f"False trains anyway). Nothing was written."
         )
     if share == 1 and args.require_reward_spread and not warm_started:
         raise ValueError(
             f"GRPO would have nothing to learn from: every held-out prompt's {args.eval_samples_per_prompt} sampled "
-            f"completions score alike by the rewards ({measured.prompts} prompts measured; GRPO learns from the "
+            f"completions score alike by the rewards ({measured.sampled_prompts} prompts sampled; GRPO learns from the "
             f"differences within a prompt's group), so no step would change the model. Give the model a start on the "
             f"task (a `solution` column in the rows, or --sft_train_file with prompt/completion rows of answers and "
             f"--sft_steps N), a reward with partial "

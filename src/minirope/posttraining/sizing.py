@@ -30,6 +30,7 @@ LARGER_MODEL = {
     "all": {
         "eval_prompts": 64,
         "eval_samples_per_prompt": 8,
+        "eval_sampled_prompts": 16,
         "eval_max_new_tokens": 32,
         "sft_batch_size": 16,
         CHECKPOINTING: True,
