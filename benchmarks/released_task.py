@@ -1,0 +1,137 @@
+"""GRPO's own steps on a released checkpoint: a task the model half does, run with `minirope-posttrain`'s defaults on
+several seeds, each scored on problems that no run trains or measures on.
+
+    python benchmarks/released_task.py --model runs/smol --output_dir runs/released --seeds 1 2 3
+    python benchmarks/released_task.py --model runs/smol --output_dir runs/released --seeds 1 --flags --max_steps 30
+
+The task is docs/pretrained.md's: "Which is the largest of 51, 29 and 60? Answer with just the number." as a
+conversation (2,000 rows with their `solution`, of which the run holds out 5 %; 200 other problems kept aside), the
+reward the reply's last number (`final_number`: SmolLM2-135M-Instruct answers in a sentence). Each seed runs, in a
+process of its own,
+
+    minirope-posttrain --method grpo --model_name_or_path <model> --dataset_name largest \\
+        --reward_funcs largest_rewards.final_number --use_peft True --seed <seed> --output_dir <output_dir>/seed-<seed>
+
+(and `--flags`), then scores the model given and the folder written on the 200 other problems (greedy, 16 new
+tokens, batches of 50). One row per seed goes to `--results` (JSON lines): the command, the machine and versions,
+both scores on the 200 problems, the run's own held-out measure before and after, the kept step, the time split and
+the peak resident set of the run's process.
+"""
+
+import argparse
+import json
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+import trl
+from bench_speed import append_jsonl, cpu_description  # the benchmarks' own helpers (this folder is on sys.path)
+from datasets import Dataset, DatasetDict
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+ASK = "Which is the largest of {}, {} and {}? Answer with just the number."
+REWARDS = '''import re
+
+
+def final_number(completions, solution, **kwargs):
+    """1.0 where the reply's last number is the row's solution."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [float((re.findall(r"-?\\d+", text) or [None])[-1] == answer) for text, answer in zip(texts, solution)]
+'''
+# the run in a process of its own, so that its peak resident set is its own (ru_maxrss)
+CHILD = """import json, resource, sys
+from minirope.commands import posttrain
+summary = posttrain.run(sys.argv[2:])
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+json.dump({"time_split": summary["time_split"], "peak_rss_gb": round(peak, 2)}, open(sys.argv[1], "w"))
+"""
+
+
+def write_task(folder: Path) -> list[dict]:
+    """The dataset folder `largest` and `largest_rewards.py` in `folder` (as docs/pretrained.md writes them); the 200
+    other problems, returned."""
+    rng = random.Random(2027)
+    triples = set()
+    while len(triples) < 2400:
+        triples.add(tuple(rng.sample(range(10, 100), 3)))
+    triples = sorted(triples)
+    rng.shuffle(triples)
+    rows = [{"prompt": [{"role": "user", "content": ASK.format(*triple)}], "solution": str(max(triple))}
+            for triple in triples[:2200]]  # fmt: skip
+    if not (folder / "largest").is_dir():
+        DatasetDict({"train": Dataset.from_list(rows[:2000])}).save_to_disk(str(folder / "largest"))
+    (folder / "largest_rewards.py").write_text(REWARDS)
+    return rows[2000:]
+
+
+@torch.no_grad()
+def score(model_path: str, problems: list[dict]) -> float:
+    """The share of `problems` whose greedy reply's last number is the solution."""
+    model = AutoModelForCausalLM.from_pretrained(model_path, trust_remote_code=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer.padding_side = "left"
+    right = 0
+    for first in range(0, len(problems), 50):
+        batch = problems[first : first + 50]
+        texts = [tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+                 for row in batch]  # fmt: skip
+        inputs = tokenizer(texts, return_tensors="pt", padding=True)
+        out = model.generate(**inputs, do_sample=False, max_new_tokens=16, pad_token_id=tokenizer.pad_token_id)
+        replies = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        for reply, row in zip(replies, batch, strict=True):
+            right += (re.findall(r"-?\d+", reply) or [None])[-1] == row["solution"]
+    return right / len(problems)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="The released checkpoint's folder (minirope-import's).")
+    parser.add_argument("--output_dir", type=Path, required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results" / "released_task.jsonl")
+    parser.add_argument("--flags", nargs=argparse.REMAINDER, default=[], help="minirope-posttrain's extra flags.")
+    args = parser.parse_args()
+    folder = args.output_dir.resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    problems = write_task(folder)
+    model = str(Path(args.model).resolve())
+    base = score(model, problems)
+    print(f"{args.model}: {base:.1%} of the 200 other problems")
+    for seed in args.seeds:
+        run_dir, measured = folder / f"seed-{seed}", folder / f"seed-{seed}.json"
+        flags = ["--method", "grpo", "--model_name_or_path", model, "--dataset_name", "largest", "--reward_funcs",
+                 "largest_rewards.final_number", "--use_peft", "True", "--seed", str(seed), "--output_dir",
+                 str(run_dir), "--overwrite_output_dir", "True", *args.flags]  # fmt: skip
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", CHILD, str(measured), *flags], cwd=folder, check=True)
+        seconds = round(time.perf_counter() - started, 1)
+        summary = json.loads((run_dir / "run_summary.json").read_text())
+        row = {
+            "command": " ".join(["benchmarks/released_task.py", *sys.argv[1:]]),
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": {"cpu": cpu_description(), "torch": torch.__version__,
+                        "transformers": transformers.__version__, "trl": trl.__version__},  # fmt: skip
+            "model": args.model,
+            "seed": seed,
+            "flags": args.flags,
+            "other_problems": {"before": base, "after": score(str(run_dir), problems), "count": len(problems)},
+            "held_out": {"before": summary["before"]["rewards_greedy"]["final_number"],
+                         "after": summary["after"]["rewards_greedy"]["final_number"]},  # fmt: skip
+            "kept_step": summary["kept"]["kept_step"],
+            "measured": summary["kept"]["measured"],
+            "steps": summary["steps"],
+            "warm_start_steps": (summary["warm_start"] or {}).get("steps", 0),
+            "wall_seconds": seconds,
+            **json.loads(measured.read_text()),
+        }
+        print(json.dumps(row))
+        append_jsonl(args.results, row)
+
+
+if __name__ == "__main__":
+    main()
