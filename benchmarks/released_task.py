@@ -114,14 +114,20 @@ def main() -> None:
         row = {
             "command": " ".join(["benchmarks/released_task.py", *sys.argv[1:]]),
             "date": time.strftime("%Y-%m-%d"),
-            "machine": {"cpu": cpu_description(), "torch": torch.__version__,
-                        "transformers": transformers.__version__, "trl": trl.__version__},  # fmt: skip
+            "machine": {
+                "cpu": cpu_description(),
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "trl": trl.__version__,
+            },  # fmt: skip
             "model": args.model,
             "seed": seed,
             "flags": args.flags,
             "other_problems": {"before": base, "after": score(str(run_dir), problems), "count": len(problems)},
-            "held_out": {"before": summary["before"]["rewards_greedy"]["final_number"],
-                         "after": summary["after"]["rewards_greedy"]["final_number"]},  # fmt: skip
+            "held_out": {
+                "before": summary["before"]["rewards_greedy"]["final_number"],
+                "after": summary["after"]["rewards_greedy"]["final_number"],
+            },  # fmt: skip
             "kept_step": summary["kept"]["kept_step"],
             "measured": summary["kept"]["measured"],
             "steps": summary["steps"],
