@@ -205,3 +205,43 @@ def test_tensor_parallel_forward_and_backward_match_one_process(tmp_path):
     torch.testing.assert_close(result["loss"], loss.detach(), rtol=1e-5, atol=0)
     for name, param in model.named_parameters():
         torch.testing.assert_close(result["grads"][name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def posttrain_flags(root, model, method: str) -> list[str]:
+    """A tiny `minirope-posttrain` run on a user's task (test_posttrain's), its reward module in `root`, the folder it
+    runs in: held-out scores at steps 2 and 4, the best kept."""
+    from test_posttrain import SOLUTION_REWARD, TINY_GRPO, TINY_POST, problems_folder
+
+    (root / "task_rewards.py").write_text(SOLUTION_REWARD)
+    folder = problems_folder(root, test_split=True)
+    return ["--method", method, "--model_name_or_path", str(model), "--dataset_name", str(folder), "--reward_funcs",
+            "task_rewards.starts_right", *TINY_POST, *(TINY_GRPO if method == "grpo" else []), "--sft_steps", "0",
+            "--max_steps", "4", "--eval_steps", "2", "--keep_last", "False", "--seed", "3"]  # fmt: skip
+
+
+@pytest.mark.parametrize("launcher, method", [("torchrun", "grpo"), ("accelerate", "dpo")])
+def test_posttraining_on_two_processes_measures_once_and_writes_one_folder(tiny_pretrained, tmp_path, monkeypatch,
+                                                                           launcher, method):  # fmt: skip
+    """`minirope-posttrain` under torchrun (GRPO) and `accelerate launch` (DPO, ranking its own samples) on 2 CPU
+    processes: every rank trains; the main process samples the measures and every rank scores those samples
+    (`measures.on_main_process`), so the measures before training equal a one-process run's; the kept step is the
+    best measured one; one folder, written by the main process, that loads."""
+    from minirope.commands import posttrain
+
+    flags = posttrain_flags(tmp_path, tiny_pretrained, method)
+    monkeypatch.chdir(tmp_path)
+    single = posttrain.run([*flags, "--output_dir", str(tmp_path / "single")])
+    start = {
+        "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"],
+        "accelerate": [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--cpu"],
+    }
+    launch([*start[launcher], "-m", "minirope.commands.posttrain", *flags, "--output_dir", str(tmp_path / "two")],
+           tmp_path)  # fmt: skip
+    summary = json.loads((tmp_path / "two" / "run_summary.json").read_text())
+    assert summary["steps"] == 4 and summary["before"] == single["before"]
+    measured = summary["kept"]["measured"]
+    assert [entry["step"] for entry in measured] == [0, 2, 4]
+    best = max(measured, key=lambda entry: (entry["score"], -entry["step"]))
+    assert summary["kept"]["kept_step"] == best["step"]
+    assert not list((tmp_path / "two").glob("checkpoint-*")) and not (tmp_path / "two" / ".staging").exists()
+    MiniRopeForCausalLM.from_pretrained(tmp_path / "two")

@@ -146,7 +146,7 @@ def run_command(command: str, servers: contextlib.ExitStack, workspace: Path) ->
         name = program.removeprefix("minirope-")
         small = SMALL[name]
         if name == "posttrain":
-            from minirope.posttraining.arguments import preparse
+            from minirope.posttraining.parsing import preparse
 
             small = [*small, *SMALL_POSTTRAIN[preparse(words[1:], {}).method]]
             if not {"--dataset_name", "--train_file"} & set(words):  # the verse task: a short warm start

@@ -29,9 +29,10 @@ from minirope.posttraining import (  # noqa: E402
     setup,  # noqa: E402
     warm_start,
 )
-from minirope.posttraining.arguments import PosttrainDPOConfig, parse_args  # noqa: E402
+from minirope.posttraining.arguments import PosttrainDPOConfig  # noqa: E402
 from minirope.posttraining.corpus import interpolate_weights  # noqa: E402
 from minirope.posttraining.measures import SAMPLING, TaskMeasure, sample  # noqa: E402
+from minirope.posttraining.parsing import parse_args  # noqa: E402
 from minirope.posttraining.reward_calls import own_pairs  # noqa: E402
 from minirope.posttraining.setup import prepare  # noqa: E402
 from minirope.posttraining.verse import training_prompts, validation_headers  # noqa: E402

@@ -36,8 +36,8 @@ def run(argv: list[str] | None = None) -> dict:
     """
     if importlib.util.find_spec("trl") is None:
         raise ValueError("minirope-posttrain runs TRL's trainers: install them with `pip install minirope[trl]`.")
-    from minirope.posttraining.arguments import parse_args
     from minirope.posttraining.pairs import own_preference_pairs
+    from minirope.posttraining.parsing import parse_args
     from minirope.posttraining.report import write_run
     from minirope.posttraining.setup import (
         build_trainer,

@@ -79,89 +79,12 @@ def card_name(args: TrainingArguments) -> str:
     return args.hub_model_id if args.push_to_hub and args.hub_model_id else Path(args.output_dir).name
 
 
-def model_card(
-    name: str,
-    config: PreTrainedConfig,
-    metrics: dict,
-    dataset: str | None,
-    how_trained: str,
-    *,
-    base_model: str | None = None,
-    methods: tuple[str, ...] = (),
-    adapter: bool = False,
-    licence: Licence,
-) -> ModelCard:
-    """A Hub model card (README.md): metadata with the measured validation metrics, and how to load the model.
-
-    `base_model` (the model the run started from) goes into the metadata, with the Hub's `base_model_relation`
-    (`adapter` for an adapter, else `finetune`), when it is a Hub id: a local folder means nothing on the Hub, and
-    the training text names it. `methods` are tags for how it was trained (`lora`, `dpo`, ...). `dataset` None (a
-    model not trained by this run, e.g. imported): no dataset and no evaluation section. `licence`: the weights'
-    (`licence_of` the source a run started from, `own_licence` for a model trained from scratch): its id in the
-    metadata, and a section saying where it was read, or that it is unknown (then no licence field).
-    """
-    on_hub = base_model is not None and not looks_local(base_model)
-    results = [
-        EvalResult(
-            task_type="text-generation",
-            dataset_type=dataset,
-            dataset_name=dataset,
-            dataset_split="validation",
-            metric_type=metric,
-            metric_name=label,
-            metric_value=round(float(metrics[key]), 4),
-        )
-        for key, metric, label in (
-            ("eval_bits_per_byte", "bits_per_byte", "Validation bits per byte"),
-            ("eval_nats_per_token", "loss", "Validation loss (nats/token)"),
-            ("eval_perplexity", "perplexity", "Validation perplexity"),
-        )
-        if key in metrics
-    ]
-    data = ModelCardData(
-        model_name=name,
-        library_name="peft" if adapter else "transformers",
-        pipeline_tag="text-generation",
-        license=licence.id,
-        tags=["minirope", "rope", "llama", "causal-lm", "text-generation", *methods],
-        datasets=[dataset] if dataset else None,
-        base_model=base_model if on_hub else None,
-        base_model_relation=("adapter" if adapter else "finetune") if on_hub else None,
-        eval_results=results,
-    )
-    size = f"{config.num_hidden_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} heads"
-    rows = "\n".join(f"| {result.metric_name} | {result.metric_value} |" for result in results)
-    load = (
-        f'from peft import AutoPeftModelForCausalLM\nmodel = AutoPeftModelForCausalLM.from_pretrained("{name}")'
-        if adapter
-        else (
-            "# with minirope installed (pip install minirope):\n"
-            f'import minirope\nmodel = AutoModelForCausalLM.from_pretrained("{name}")\n'
-            "# without minirope: the folder ships its model code (the tokenizer loader reads the same config)\n"
-            f'tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)\n'
-            f'model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)'
-        )
-    )
-    evaluation = (
-        f"""## Evaluation (validation split of {dataset})
-
-| metric | value |
-|---|---|
-{rows}
-
-Bits per byte: each validation document tokenized whole (as `tokenizer(text)` does), every token
-predicted once in windows of the model's context; summed loss in nats / ln 2 / the document's UTF-8
-bytes (independent of the tokenizer). lm-evaluation-harness's `loglikelihood_rolling` computes the same.
-"""
-        if dataset
-        else ""
-    )
-    body = f"""
+CARD_BODY = """
 # {name}
 
 A [minirope](https://pypi.org/project/minirope/) causal language model: a Llama-architecture decoder
-({size}, context {config.max_position_embeddings}, vocabulary {config.vocab_size}) with Rotary Position
-Embedding (RoFormer), `rope_parameters` = `{config.rope_parameters}`.
+({size}, context {context}, vocabulary {vocab}) with Rotary Position
+Embedding (RoFormer), `rope_parameters` = `{rope}`.
 
 ## Training
 
@@ -184,8 +107,100 @@ plain Llama checkpoint.
 
 ## Licence
 
-{licence.line()}
+{licence}
 """
+
+
+def eval_results(metrics: dict, dataset: str | None) -> list[EvalResult]:
+    """The card's metadata results: validation bits per byte, loss and perplexity, where `metrics` has them."""
+    return [
+        EvalResult(
+            task_type="text-generation",
+            dataset_type=dataset,
+            dataset_name=dataset,
+            dataset_split="validation",
+            metric_type=metric,
+            metric_name=label,
+            metric_value=round(float(metrics[key]), 4),
+        )
+        for key, metric, label in (
+            ("eval_bits_per_byte", "bits_per_byte", "Validation bits per byte"),
+            ("eval_nats_per_token", "loss", "Validation loss (nats/token)"),
+            ("eval_perplexity", "perplexity", "Validation perplexity"),
+        )
+        if key in metrics
+    ]
+
+
+def load_code(name: str, adapter: bool) -> str:
+    """The card's lines that load the model: peft's for an adapter, else with minirope or as remote code."""
+    if adapter:
+        return f'from peft import AutoPeftModelForCausalLM\nmodel = AutoPeftModelForCausalLM.from_pretrained("{name}")'
+    return (
+        "# with minirope installed (pip install minirope):\n"
+        f'import minirope\nmodel = AutoModelForCausalLM.from_pretrained("{name}")\n'
+        "# without minirope: the folder ships its model code (the tokenizer loader reads the same config)\n"
+        f'tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)\n'
+        f'model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)'
+    )
+
+
+def evaluation_section(dataset: str | None, results: list[EvalResult]) -> str:
+    """The card's evaluation section (none without a dataset)."""
+    if not dataset:
+        return ""
+    rows = "\n".join(f"| {result.metric_name} | {result.metric_value} |" for result in results)
+    return f"""## Evaluation (validation split of {dataset})
+
+| metric | value |
+|---|---|
+{rows}
+
+Bits per byte: each validation document tokenized whole (as `tokenizer(text)` does), every token
+predicted once in windows of the model's context; summed loss in nats / ln 2 / the document's UTF-8
+bytes (independent of the tokenizer). lm-evaluation-harness's `loglikelihood_rolling` computes the same.
+"""
+
+
+def model_card(
+    name: str,
+    config: PreTrainedConfig,
+    metrics: dict,
+    dataset: str | None,
+    how_trained: str,
+    *,
+    base_model: str | None = None,
+    methods: tuple[str, ...] = (),
+    adapter: bool = False,
+    licence: Licence,
+) -> ModelCard:
+    """A Hub model card (README.md): metadata with the measured validation metrics, and how to load the model.
+
+    `base_model` (the model the run started from) goes into the metadata, with the Hub's `base_model_relation`
+    (`adapter` for an adapter, else `finetune`), when it is a Hub id: a local folder means nothing on the Hub, and
+    the training text names it. `methods` are tags for how it was trained (`lora`, `dpo`, ...). `dataset` None (a
+    model not trained by this run, e.g. imported): no dataset and no evaluation section. `licence`: the weights'
+    (`licence_of` the source a run started from, `own_licence` for a model trained from scratch): its id in the
+    metadata, and a section saying where it was read, or that it is unknown (then no licence field).
+    """
+    on_hub = base_model is not None and not looks_local(base_model)
+    results = eval_results(metrics, dataset)
+    data = ModelCardData(
+        model_name=name,
+        library_name="peft" if adapter else "transformers",
+        pipeline_tag="text-generation",
+        license=licence.id,
+        tags=["minirope", "rope", "llama", "causal-lm", "text-generation", *methods],
+        datasets=[dataset] if dataset else None,
+        base_model=base_model if on_hub else None,
+        base_model_relation=("adapter" if adapter else "finetune") if on_hub else None,
+        eval_results=results,
+    )
+    size = f"{config.num_hidden_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} heads"
+    load, evaluation = load_code(name, adapter), evaluation_section(dataset, results)
+    body = CARD_BODY.format(name=name, size=size, context=config.max_position_embeddings, vocab=config.vocab_size,
+                            rope=config.rope_parameters, how_trained=how_trained, evaluation=evaluation, load=load,
+                            licence=licence.line())  # fmt: skip
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
 
 

@@ -14,9 +14,13 @@ On the held-out prompts (never trained on; `minirope.posttraining.data`):
 """
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
+from accelerate import PartialState
+from accelerate.utils import broadcast_object_list
 from datasets import Dataset
 from transformers import PreTrainedTokenizerBase, TrainingArguments
 from transformers.cache_utils import DynamicCache
@@ -34,6 +38,7 @@ SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 1.0}
 GREEDY = {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
 METRIC = "eval_bits_per_byte"
 RUN_STATE = ("bf16", "fp16", "use_cpu")  # what accelerate holds once per process
+T = TypeVar("T")
 SIGNAL_SAMPLES = 8  # fewer samples of a prompt score alike by chance on a task the model sometimes gets right
 
 
@@ -67,6 +72,17 @@ def prompt_text(prompt, tokenizer: PreTrainedTokenizerBase) -> str:
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
 
 
+def on_main_process(work: Callable[[], T]) -> T:
+    """`work()` on the main process, its result sent to every process (`accelerate.utils.broadcast_object_list`);
+    `work()` itself with one process. `work` must not wait on the other processes (no collective inside it)."""
+    state = PartialState()
+    if state.num_processes == 1:
+        return work()
+    result = [work() if state.is_main_process else None]
+    broadcast_object_list(result, from_process=0)
+    return result[0]
+
+
 def shared_prefill(model, inputs: dict, per_prompt: int) -> dict:
     """`generate()`'s inputs for `per_prompt` completions of each of a batch of left-padded prompts, each prompt read
     once: its tokens but the last go through the model into a `DynamicCache` (positions from the attention mask, as
@@ -92,15 +108,28 @@ def shared_prefill(model, inputs: dict, per_prompt: int) -> dict:
             **cache_keyword(cache)}  # fmt: skip
 
 
-@torch.no_grad()
 def sample(
     model, tokenizer, rows: Dataset, per_prompt: int, max_new_tokens: int, seed: int, settings: dict, batch: int = 256
 ) -> Samples:
     """`per_prompt` completions of each row's `prompt` with `generate()` and `settings` (`SAMPLING` or `GREEDY`),
     seeded; prompts go left-padded, as many at a time as make at most `batch` sequences, each read once for all its
-    completions (`shared_prefill`). A completion is decoded
-    without special tokens and ends at the first end-of-sequence token; conversational prompts get conversational
-    completions (`[{"role": "assistant", "content": text}]`), as TRL gives them to rewards."""
+    completions (`shared_prefill`). A completion is decoded without special tokens and ends at the first
+    end-of-sequence token; conversational prompts get conversational completions (`[{"role": "assistant",
+    "content": text}]`), as TRL gives them to rewards.
+
+    On several processes (DDP: `accelerate launch`, torchrun) the main process samples and every process gets its
+    samples (`on_main_process`): every process scores the same completions and takes the same decisions from them,
+    and the sampling is not repeated on each."""
+    return on_main_process(
+        lambda: generate_samples(model, tokenizer, rows, per_prompt, max_new_tokens, seed, settings, batch)
+    )
+
+
+@torch.no_grad()
+def generate_samples(
+    model, tokenizer, rows: Dataset, per_prompt: int, max_new_tokens: int, seed: int, settings: dict, batch: int = 256
+) -> Samples:
+    """`sample`'s completions, generated in this process."""
     model.eval()
     torch.manual_seed(seed)
     eos = tokenizer.eos_token_id

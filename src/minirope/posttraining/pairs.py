@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from accelerate import PartialState
 from datasets import Dataset
 
 from minirope.posttraining.measures import SAMPLING, sample
@@ -26,7 +27,8 @@ def own_preference_pairs(setup, args, config) -> Dataset:
                          f"{args.min_reward_margin} or more; lower it, raise --samples_per_prompt or --num_prompts, or "
                          f"give preference pairs as data.")  # fmt: skip
     path, dataset = Path(config.output_dir) / PAIRS_FILE, Dataset.from_list(pairs)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    dataset.to_json(path, lines=True)
-    print(f"[minirope] {len(pairs)} preference pairs from the model's own samples: {path}")
+    if PartialState().is_main_process:  # every process ranks the same samples (`sample`): one writes them
+        path.parent.mkdir(parents=True, exist_ok=True)
+        dataset.to_json(path, lines=True)
+        print(f"[minirope] {len(pairs)} preference pairs from the model's own samples: {path}")
     return dataset

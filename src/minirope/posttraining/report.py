@@ -28,13 +28,40 @@ def teacher_flops(trainer) -> float:
 def write_run(trainer, setup, args, before, after, train_metrics: dict, selection, split) -> dict:
     """Write the folder (model, tokenizer, card, metrics, summary, samples) and print the before -> after line and
     how the run's time was spent (`split`, a `TimeSplit`; its "writing" part is this function's)."""
-    config, warm = trainer.args, setup.warm
-    steps, base = trainer.state.global_step, setup.model_args.model_name_or_path
+    config = trainer.args
     gained = selection.line(score_name([reward_name(reward) for reward in setup.rewards],
                                        getattr(config, "reward_weights", None)), args.method)  # fmt: skip
+    summary = run_summary(trainer, setup, args, before, after, train_metrics, selection, gained)
+    eval_metrics = {f"before_{METRIC}": before.bits_per_byte, METRIC: after.bits_per_byte}
+    eval_metrics = {key: value for key, value in eval_metrics.items() if value is not None}
+    methods = (
+        METHOD_TAGS[args.method],
+        "trl",
+        *(["sft"] if setup.warm else []),
+        *(["lora"] if setup.model_args.use_peft else []),
+    )
+    base = setup.model_args.model_name_or_path
+    card = model_card(card_name(config), trainer.model.config, eval_metrics, setup.data.source,
+                      how_trained(summary, setup, args, config, before, after), base_model=base, methods=methods,
+                      adapter=setup.model_args.saves_adapter,
+                      licence=licence_of(base, setup.model_args.model_revision))  # fmt: skip
+    line = (f"{before.line()} -> {after.line()} in {summary['steps']} steps, {summary['train_seconds']:.0f} s; "
+            f"written to {config.output_dir}/")  # fmt: skip
+    summary["time_split"] = split.as_dict()  # up to the writing of the folder, which the returned summary adds
+    print(f"[minirope] {split.line()}")
+    with split.part("writing"):
+        finish_run(trainer, train_metrics=train_metrics, eval_metrics=eval_metrics, card=card, summary=summary,
+                   lines=[line, gained])  # fmt: skip
+    summary["time_split"] = split.as_dict()
+    return summary
 
-    summary = {
-        "base_model": base,
+
+def run_summary(trainer, setup, args, before, after, train_metrics: dict, selection, gained: str) -> dict:
+    """`run_summary.json`: what the run started from and did (method, data, rewards, flags, warm start, corpus term),
+    the measures before and after, the kept step and the line saying what was gained."""
+    config, warm = trainer.args, setup.warm
+    return {
+        "base_model": setup.model_args.model_name_or_path,
         "method": args.method,
         "data": setup.data.source,
         "task": "verse" if setup.data.verse else "user data",
@@ -44,7 +71,8 @@ def write_run(trainer, setup, args, before, after, train_metrics: dict, selectio
         "reward_weights": getattr(config, "reward_weights", None),
         "rejected_by": args.rejected_by if args.method == "dpo" and setup.data.train is None else None,
         "training": setup.model_args.training(),
-        "steps": steps,
+        "precision": precision_name(config),
+        "steps": trainer.state.global_step,
         "learning_rate": config.learning_rate,
         "batch_size": config.per_device_train_batch_size,
         "gradient_accumulation_steps": config.gradient_accumulation_steps,
@@ -71,7 +99,11 @@ def write_run(trainer, setup, args, before, after, train_metrics: dict, selectio
         "gained": gained,
         "samples": [{"before": b, "after": a} for b, a in zip(before.samples, after.samples, strict=True)],
     }
-    adapter = setup.model_args.saves_adapter
+
+
+def how_trained(summary: dict, setup, args, config, before, after) -> str:
+    """The model card's account of the run, from its `summary` (`run_summary`)."""
+    warm = setup.warm
     what = {"grpo": f"TRL's GRPOTrainer with {', '.join(summary['reward_funcs'])}", "dpo": "TRL's DPOTrainer",
             "distill": f"TRL's DistillationTrainer from `{summary['teacher']}`"}[args.method]  # fmt: skip
     warmed = (
@@ -81,32 +113,10 @@ def write_run(trainer, setup, args, before, after, train_metrics: dict, selectio
         if warm
         else ""
     )
-    how_trained = (
-        f"Post-trained from `{base}` with `minirope-posttrain` ({what}, {summary['training']}){warmed} on "
-        f"{summary['data']}: {steps} steps, "
-        f"lr {config.learning_rate}, corpus term: {setup.corpus.source} (weight {summary['corpus_term']['lm_coef']}), "
-        f"weight interpolation {args.weight_interpolation}. Measured on {after.prompts} held-out prompts, before: "
-        f"{before.line()}; after: {after.line()}. Held-out score measured every --eval_steps ({config.eval_steps}): "
-        f"{gained}."
+    return (
+        f"Post-trained from `{summary['base_model']}` with `minirope-posttrain` ({what}, {summary['training']})"
+        f"{warmed} on {summary['data']}: {summary['steps']} steps, lr {config.learning_rate}, corpus term: "
+        f"{setup.corpus.source} (weight {summary['corpus_term']['lm_coef']}), weight interpolation "
+        f"{args.weight_interpolation}. Measured on {after.prompts} held-out prompts, before: {before.line()}; after: "
+        f"{after.line()}. Held-out score measured every --eval_steps ({config.eval_steps}): {summary['gained']}."
     )
-    eval_metrics = {f"before_{METRIC}": before.bits_per_byte, METRIC: after.bits_per_byte}
-    eval_metrics = {key: value for key, value in eval_metrics.items() if value is not None}
-    methods = (
-        METHOD_TAGS[args.method],
-        "trl",
-        *(["sft"] if warm else []),
-        *(["lora"] if setup.model_args.use_peft else []),
-    )
-    card = model_card(card_name(config), trainer.model.config, eval_metrics, setup.data.source, how_trained,
-                      base_model=base, methods=methods, adapter=adapter,
-                      licence=licence_of(base, setup.model_args.model_revision))  # fmt: skip
-    seconds = summary["train_seconds"]
-    line = f"{before.line()} -> {after.line()} in {steps} steps, {seconds:.0f} s; written to {config.output_dir}/"
-    summary["precision"] = precision_name(config)
-    summary["time_split"] = split.as_dict()  # up to the writing of the folder, which the returned summary adds
-    print(f"[minirope] {split.line()}")
-    with split.part("writing"):
-        finish_run(trainer, train_metrics=train_metrics, eval_metrics=eval_metrics, card=card, summary=summary,
-                   lines=[line, gained])  # fmt: skip
-    summary["time_split"] = split.as_dict()
-    return summary

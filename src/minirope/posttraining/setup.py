@@ -62,19 +62,7 @@ def prepare(args, config, model_args) -> Setup:
     check_push(config)
     resume = resolve_resume(config)
     teacher_path = getattr(config, "teacher_model_name_or_path", None)
-    if args.method == "distill" and not teacher_path:
-        raise ValueError("--method distill needs --teacher_model_name_or_path: the folder of the teacher.")
-    if args.sft_train_file and not args.warm_start_steps:
-        raise ValueError(f"--sft_train_file is read by a warm start, and --method {args.method} has none here "
-                         f"(--sft_steps {args.warm_start_steps}): give --sft_steps N to warm-start on it, or drop "
-                         f"--sft_train_file.")  # fmt: skip
-    if model_args.saves_adapter and args.warm_start_steps:
-        raise ValueError(f"--merge_lora False saves the LoRA adapter alone, for the model of --model_name_or_path, "
-                         f"and the warm start (--sft_steps {args.warm_start_steps}) changes that model first: drop "
-                         f"--merge_lora False (the merged weights are saved), or give --sft_steps 0.")  # fmt: skip
-    if model_args.saves_adapter and args.weight_interpolation < 1:
-        raise ValueError("--weight_interpolation mixes the saved weights with the starting ones, and --merge_lora "
-                         "False saves the adapter alone: drop one of the two.")  # fmt: skip
+    check_flags(args, config, model_args)
     inputs = {"--model_name_or_path": model_args.model_name_or_path, "--teacher_model_name_or_path": teacher_path}
     check_output(config.output_dir, "--output_dir", inputs)
     data = load_task_data(args, config.seed)
@@ -120,6 +108,28 @@ def prepare(args, config, model_args) -> Setup:
     print(f"[minirope] data: {'the verse task, ' if data.verse else ''}{data.source}; {rows}{len(data.held_out)} "
           f"held-out prompts measured; corpus term: {corpus.source}{weight}")  # fmt: skip
     return Setup(model, tokenizer, teacher, rewards, data, corpus, warm, resume, model_args)
+
+
+def check_flags(args, config, model_args) -> None:
+    """The flags that cannot go together.
+
+    Raises:
+        ValueError: distillation without a teacher; `--sft_train_file` without a warm start; `--merge_lora False`
+            (the adapter saved alone, for the model given) with a warm start or `--weight_interpolation`.
+    """
+    if args.method == "distill" and not getattr(config, "teacher_model_name_or_path", None):
+        raise ValueError("--method distill needs --teacher_model_name_or_path: the folder of the teacher.")
+    if args.sft_train_file and not args.warm_start_steps:
+        raise ValueError(f"--sft_train_file is read by a warm start, and --method {args.method} has none here "
+                         f"(--sft_steps {args.warm_start_steps}): give --sft_steps N to warm-start on it, or drop "
+                         f"--sft_train_file.")  # fmt: skip
+    if model_args.saves_adapter and args.warm_start_steps:
+        raise ValueError(f"--merge_lora False saves the LoRA adapter alone, for the model of --model_name_or_path, "
+                         f"and the warm start (--sft_steps {args.warm_start_steps}) changes that model first: drop "
+                         f"--merge_lora False (the merged weights are saved), or give --sft_steps 0.")  # fmt: skip
+    if model_args.saves_adapter and args.weight_interpolation < 1:
+        raise ValueError("--weight_interpolation mixes the saved weights with the starting ones, and --merge_lora "
+                         "False saves the adapter alone: drop one of the two.")  # fmt: skip
 
 
 def check_teacher(student_tokenizer, teacher_tokenizer) -> None:

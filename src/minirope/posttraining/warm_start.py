@@ -28,6 +28,7 @@ is never pushed (the Hub push skips `_*`) and is removed when the run ends, unle
 would need it for.
 """
 
+import atexit
 import json
 import math
 import shutil
@@ -199,7 +200,9 @@ def warm_start_folder(output_dir: str) -> Path:
     folder of its own on any other (several processes never write one folder)."""
     if PartialState().is_main_process:
         return Path(output_dir) / WARM_START_FOLDER
-    return Path(tempfile.mkdtemp(prefix="minirope-warm-start-"))
+    folder = tempfile.mkdtemp(prefix="minirope-warm-start-")
+    atexit.register(shutil.rmtree, folder, True)  # TRL's reference model is read from it during training
+    return Path(folder)
 
 
 def load_warm_started(folder: Path, config, model_args):
