@@ -214,9 +214,10 @@ def posttrain_flags(root, model, method: str) -> list[str]:
 
     (root / "task_rewards.py").write_text(SOLUTION_REWARD)
     folder = problems_folder(root, test_split=True)
+    own = TINY_GRPO if method == "grpo" else ["--min_reward_margin", "0.01"]  # DPO: pairs from its own samples
     return ["--method", method, "--model_name_or_path", str(model), "--dataset_name", str(folder), "--reward_funcs",
-            "task_rewards.starts_right", *TINY_POST, *(TINY_GRPO if method == "grpo" else []), "--sft_steps", "0",
-            "--max_steps", "4", "--eval_steps", "2", "--keep_last", "False", "--seed", "3"]  # fmt: skip
+            "task_rewards.starts_right", *TINY_POST, *own, "--sft_steps", "0", "--max_steps", "4", "--eval_steps", "2",
+            "--keep_last", "False", "--seed", "3"]  # fmt: skip
 
 
 @pytest.mark.parametrize("launcher, method", [("torchrun", "grpo"), ("accelerate", "dpo")])

@@ -341,7 +341,8 @@ class CpuDefaults:
     `precision_line` holds; TRL's own default, bf16 everywhere, is emulated and slow on CPUs without AVX512_BF16, and
     on an H200 needs cuDNN's attention off: `minirope.training.precision.avoid_cudnn_attention`), no checkpoints
     (runs of minutes), a log line every 10 steps, no activation checkpointing (a model this small has nothing to
-    save), and with `--push_to_hub` one push of the finished folder (`--hub_strategy end`)."""
+    save), and with `--push_to_hub` one push of the finished folder (`--hub_strategy end`); on a machine without an
+    accelerator, `use_cpu` (so that several CPU processes are one distributed run, as `minirope-pretrain`'s)."""
 
     bf16: bool | None = field(
         default=None,
@@ -349,6 +350,13 @@ class CpuDefaults:
             "help": "bf16 mixed precision for the method and the warm start. Default: on where this "
             "machine's bf16 matrix products run 1.5x faster than float32's or more (timed at start, printed; "
             "minirope.training.precision.choose_bf16), else float32."
+        },
+    )
+    use_cpu: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Train on the CPU. Default: only where there is no GPU or accelerator (as minirope-pretrain; "
+            "accelerate then spreads a torchrun or `accelerate launch` run over CPU processes, gloo)."
         },
     )
     save_strategy: str = retuned(GRPOConfig, "save_strategy", "no")
@@ -371,6 +379,8 @@ class CpuDefaults:
     precision_line: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
+        if self.use_cpu is None:  # without it, accelerate runs each CPU process of torchrun as a run of its own
+            self.use_cpu = not torch.accelerator.is_available()
         self.precision_line = decide_bf16(self)  # None where --bf16 or --fp16 decided
         super().__post_init__()
 
