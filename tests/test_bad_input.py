@@ -154,8 +154,8 @@ def test_real_process_exit_code(tmp_path):
 
 def test_a_commands_error_is_its_first_line_without_torchaos_startup_noise():
     """transformers' model import imports torchao, which logs about its own optional kernels and enums on every
-    start: kept out (`minirope.startup_noise`), so a bad input's line is the command's first; `-W default` (asking
-    for warnings) shows them again."""
+    start: kept out of a command's process (`minirope.startup_noise`), so a bad input's line is the command's first;
+    `-W default` (asking for warnings) shows them again; a program that imports minirope is left as it was."""
     import importlib.util
 
     command = ["-m", "minirope.commands.posttrain", "--model", "m", "--method", "ppo"]
@@ -165,3 +165,8 @@ def test_a_commands_error_is_its_first_line_without_torchaos_startup_noise():
     if importlib.util.find_spec("torchao") is not None:
         shown = subprocess.run([sys.executable, "-W", "default", *command], capture_output=True, text=True, timeout=300)
         assert "torchao" in shown.stderr.splitlines()[0], shown.stderr
+    # a program of the user's that imports minirope keeps its loggers as it set them: the filters are a command's
+    names = "'torchao', 'torch.utils._pytree'"
+    library = f"import logging, minirope; print([len(logging.getLogger(n).filters) for n in ({names})])"
+    imported = subprocess.run([sys.executable, "-c", library], capture_output=True, text=True, timeout=300)
+    assert imported.stdout.split("\n")[-2] == "[0, 0]", imported.stderr
