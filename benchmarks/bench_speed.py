@@ -61,7 +61,8 @@ from minirope.training.arguments import reuse_freed_memory
 from minirope.training.precision import choose_bf16
 from minirope.training.throughput import matmul_peak_flops
 
-RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
 SIZES = {
     "default": {},  # MiniRopeConfig()'s defaults: the model `minirope-pretrain` trains
     "1M": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, vocab_size=2048),
@@ -462,6 +463,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = [compare(name, args.reps, not args.skip_memory) for name in names]
     report = {
+        "command": command_line(),
         "date": date.today().isoformat(),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
         "cpu": cpu_description(),
@@ -491,6 +493,16 @@ def main() -> None:
     print(f"\nwrote {args.out}" + ("" if args.skip_scaling else f" and {RESULTS / 'scaling.png'}"))
 
 
+def command_line(*argv: str) -> str:
+    """The command that writes a results row, as a shell line from the repository root: this script's path and its
+    arguments (`argv`, this process's own by default). Every row in benchmarks/results/ carries one (`command`)."""
+    import shlex
+
+    script = Path(sys.argv[0]).resolve()
+    name = script.relative_to(ROOT) if script.is_relative_to(ROOT) else Path("benchmarks") / script.name
+    return shlex.join([str(name), *(argv or sys.argv[1:])])
+
+
 def append_jsonl(path: Path, row: dict) -> None:
     """Append `row` to the JSON-lines file `path` (its folder made where missing): each run adds its own line."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -501,7 +513,7 @@ def append_jsonl(path: Path, row: dict) -> None:
 def append_cpu_row(report: dict, path: Path) -> None:
     """One line per run in `path` (JSON lines), so that the rows of every machine the benchmark ran on accumulate:
     the CPU, its threads, torch and transformers, and each case's minirope/Llama ratio."""
-    row = {key: report[key] for key in ("date", "cpu", "machine", "float32_peak_gflops")}
+    row = {key: report[key] for key in ("command", "date", "cpu", "machine", "float32_peak_gflops")}
     row |= {"torch": torch.__version__, "transformers": transformers.__version__}
     row["ratios"] = {case["case"]: round(case["ratio"], 3) for case in report["cases"]}
     append_jsonl(path, row)

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_speed import append_jsonl, cpu_description  # the benchmarks' own helpers (this folder is on sys.path)
+from bench_speed import append_jsonl, command_line, cpu_description  # this folder's helpers
 
 PLAIN = """import sys
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -73,7 +73,7 @@ def main() -> None:
             ours.append(seconds)
             replies.add(reply)
     row = {
-        "command": "benchmarks/first_reply.py " + " ".join(sys.argv[1:]),
+        "command": command_line(),
         "date": time.strftime("%Y-%m-%d"),
         "cpu": cpu_description(),
         "cores": os.cpu_count(),

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from bench_speed import cpu_description, timed  # the benchmarks' own helpers (this folder is on sys.path when run)
+from bench_speed import command_line, cpu_description, timed  # this folder's helpers
 
 RESULTS = Path(__file__).parent / "results"
 SHAPES = {
@@ -150,6 +150,7 @@ def main() -> None:
                 )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     record = dict(
+        command=command_line(),
         machine=machine(args.device),
         torch=torch.__version__,
         transformers=transformers.__version__,

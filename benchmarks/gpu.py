@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from bench_speed import command_line  # this folder's helpers
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM
@@ -208,6 +209,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|")
         generation = generation_rows(args)
     record = dict(
+        command=command_line(),
         device=device_description(),
         torch=torch.__version__,
         transformers=transformers.__version__,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from bench_speed import cpu_description  # the benchmarks' CPU description (this folder is on sys.path when run)
+from bench_speed import command_line, cpu_description  # this folder's helpers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from hub_server import LoopbackHub  # noqa: E402
@@ -78,6 +78,7 @@ def main() -> None:
     card = files["README.md"].decode()
     on_disk = {str(path.relative_to(folder)): path for path in folder.rglob("*") if path.is_file()}
     result = {
+        "command": command_line(),
         "source": args.source,
         "import_and_push_seconds": round(import_seconds, 1),
         "megabytes_pushed": round(sum(len(data) for data in files.values()) / 1e6, 1),

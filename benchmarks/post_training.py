@@ -31,6 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from bench_speed import command_line  # noqa: E402 - this folder's helpers
 
 ROOT = Path(__file__).parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "post_training.json"
@@ -223,14 +224,17 @@ def main() -> None:
     results = load(args.results)
     for run in args.runs:
         name, _, flags = run.partition(":")
-        results[name] = {**run_one(name, flags, args.base, args.runs_dir), "machine": machine()}
+        command = command_line(*(arg for arg in sys.argv[1:] if arg == run or arg not in args.runs))
+        results[name] = {**run_one(name, flags, args.base, args.runs_dir), "machine": machine(), "command": command}
         save(args.results, results)
         after = results[name]["after"]
         print(f"{name}: {after['scan_share']:.1%} scan, {after['distinct_share']:.1%} distinct, "
               f"{after['validation_bits_per_byte']:.4f} bits/byte, {results[name]['train_seconds']} s")  # fmt: skip
     if args.lm_baseline:
         name = f"{args.lm_baseline}-without-teacher"
-        results[name] = {**lm_baseline(name, results[args.lm_baseline], args.runs_dir), "machine": machine()}
+        command = command_line(*(arg for arg in sys.argv[1:] if arg not in args.runs))
+        results[name] = {**lm_baseline(name, results[args.lm_baseline], args.runs_dir), "machine": machine(),
+                         "command": command}  # fmt: skip
         save(args.results, results)
         print(f"{name}: {results[name]['after']['validation_bits_per_byte']:.4f} bits/byte")
     if args.interpolate:

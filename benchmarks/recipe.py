@@ -31,6 +31,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+from bench_speed import command_line  # noqa: E402 - this folder's helpers
 
 RESULTS = Path(__file__).parent / "results" / "recipe.json"
 PLOTS = Path(__file__).parent.parent / "docs"  # recipe_wall_time.png, recipe_curves.png, recipe_budget.png
@@ -134,7 +135,11 @@ def main() -> None:
     for spec in args.runs:
         name, _, flags = spec.partition(":")
         result = run(name, flags.split(), args.keep)
-        result.update(machine=platform.processor() or platform.machine(), torch=torch.__version__)
+        result.update(
+            machine=platform.processor() or platform.machine(),
+            torch=torch.__version__,
+            command=command_line(*(arg for arg in sys.argv[1:] if arg == spec or arg not in args.runs)),
+        )
         results[name] = result
         args.results.parent.mkdir(parents=True, exist_ok=True)
         args.results.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import transformers
 import trl
-from bench_speed import append_jsonl, cpu_description  # the benchmarks' own helpers (this folder is on sys.path)
+from bench_speed import append_jsonl, command_line, cpu_description  # this folder's helpers
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -112,7 +112,7 @@ def main() -> None:
         seconds = round(time.perf_counter() - started, 1)
         summary = json.loads((run_dir / "run_summary.json").read_text())
         row = {
-            "command": " ".join(["benchmarks/released_task.py", *sys.argv[1:]]),
+            "command": command_line(),
             "date": time.strftime("%Y-%m-%d"),
             "machine": {
                 "cpu": cpu_description(),

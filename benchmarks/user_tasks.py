@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench_speed import command_line  # this folder's helpers
 from datasets import Dataset, DatasetDict
 
 REWARDS = '''def exact(completions, solution, **kwargs):
@@ -152,6 +153,7 @@ def main() -> None:
         seconds["posttrain"] = timed(command("minirope-posttrain", *posttrain), folder)
         summary = json.loads((run_dir / "run_summary.json").read_text())
         row = {
+            "command": command_line(*(arg for arg in sys.argv[1:] if arg not in args.tasks), "--tasks", task),
             "task": task,
             "size": args.size,
             "label": args.label,

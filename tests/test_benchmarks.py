@@ -22,6 +22,7 @@ def test_gpu_benchmark_runs_on_cpu_and_writes_every_row(tmp_path):
     record = json.loads(output.read_text())
     device = f"{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}" if torch.cuda.is_available() else "CPU"
     assert record["device"] == device and record["matmul_peak_tflops"] > 0  # where a GPU is, the script takes it
+    assert record["command"] == f"benchmarks/gpu.py {' '.join(command[2:])}"  # the row says what wrote it
     (training,) = record["training"]
     assert training["minirope"]["tokens_per_s"] > 0 and training["llama"]["tokens_per_s"] > 0
     assert 0 < training["minirope"]["mfu"] < 1
@@ -79,3 +80,24 @@ def test_posttrain_speed_runs_trl_and_minirope_side_by_side_for_one_step(tiny_pr
     assert row["trl_defaults"]["gradient_checkpointing"] and row["trl_defaults"]["bf16"]  # TRL's own defaults
     assert row["train_time_ratio"] > 0 and 0 < row["peak_rss_ratio"] and row["machine"]["torch"]
     assert row["command"].startswith("benchmarks/posttrain_speed.py") and "minirope / TRL" in done.stdout
+
+
+def results_rows(path: Path) -> list[dict]:
+    """A results file's rows: a JSON-lines file's lines; a JSON file of named runs (each with its `flags`, as
+    recipe.py and post_training.py keep them) its runs; any other JSON file, its one object."""
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    record = json.loads(path.read_text())
+    runs = list(record.values())
+    return runs if runs and all(isinstance(run, dict) and "flags" in run for run in runs) else [record]
+
+
+def test_every_results_row_names_the_script_that_wrote_it():
+    """Each row in benchmarks/results/ carries the `command` that wrote it, a script of this repository (the
+    hand-assembled records live in benchmarks/results/history/, said so there)."""
+    files = sorted((BENCHMARKS / "results").glob("*.json*"))
+    assert len(files) >= 10
+    for path in files:
+        for row in results_rows(path):
+            script = row.get("command", "").split(" ")[0]
+            assert script.startswith("benchmarks/") and (BENCHMARKS.parent / script).is_file(), (path.name, row)

@@ -94,12 +94,20 @@ def test_exports_benchmark(tmp_path, tiny_pretrained):
     pytest.importorskip("llama_cpp")  # the script's clients: llama.cpp and onnxruntime
     pytest.importorskip("onnxruntime")
     pytest.importorskip("executorch")
-    printed = run_script("benchmarks/exports.py", "--model", tiny_pretrained, "--output", tmp_path, "--executorch")
-    rows = {row["export"].split(" (")[0]: row for row in json.loads((tmp_path / "exports.json").read_text())["rows"]}
+    printed = run_script("benchmarks/exports.py", "--model", tiny_pretrained, "--output", tmp_path, "--executorch",
+                         "--prompt", "ROMEO:\n", "JULIET:\n")  # fmt: skip
+    record = json.loads((tmp_path / "exports.json").read_text())
+    assert record["command"].startswith("benchmarks/exports.py --model") and list(record["generate"]) == [
+        "ROMEO:\n",
+        "JULIET:\n",
+    ]
+    rows = {row["export"].split(" (")[0]: row for row in record["rows"]}
     assert list(rows) == ["to_llama", "onnx", "gguf f32", "gguf f16", "gguf q8_0", "executorch f32", "executorch 8da8w"]
     for name in ("to_llama", "onnx", "gguf f32", "executorch f32"):  # float32 forms: the same logits
         assert rows[name]["max_abs_logit_difference"] < 1e-4, printed
-    assert all(rows[name]["greedy_64_identical"] for name in ("onnx", "gguf f32", "executorch f32")), printed
+    assert all(rows[name]["greedy_identical"] == [True, True] for name in ("onnx", "gguf f32", "executorch f32")), (
+        printed
+    )
 
 
 def test_classify_plays(tmp_path, tiny_pretrained):
