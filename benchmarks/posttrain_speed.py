@@ -24,6 +24,7 @@ import os
 import platform
 import random
 import resource
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -118,8 +119,9 @@ def trl_side(work: Path, steps: int, tokens: int, device: str) -> dict:
             "lora_target_modules": sorted(trainer.model.peft_config["default"].target_modules)}  # fmt: skip
 
 
-def minirope_side(work: Path, steps: int, tokens: int, device: str) -> dict:
-    """`minirope-posttrain --method grpo --use_peft True` with the same batch, steps and tokens; its run summary."""
+def minirope_side(work: Path, steps: int, tokens: int, device: str, extra: list[str]) -> dict:
+    """`minirope-posttrain --method grpo --use_peft True` with the same batch, steps and tokens (and `extra` flags,
+    e.g. TRL's LoRA targets); its run summary."""
     from minirope.commands import posttrain
 
     flags = ["--method", "grpo", "--use_peft", "True", "--model_name_or_path", str(work / "minirope"),
@@ -129,17 +131,21 @@ def minirope_side(work: Path, steps: int, tokens: int, device: str) -> dict:
              "--max_completion_length", str(tokens), "--require_reward_spread", "False"]  # fmt: skip
     if device == "cpu":
         flags += ["--use_cpu", "True"]
-    summary = posttrain.run(flags)
+    summary = posttrain.run(flags + extra)
     split = summary["time_split"]
     return {"train_seconds": summary["train_seconds"], "method_seconds": split["method"], "time_split": split,
             "precision": summary["precision"], "gained": summary["gained"]}  # fmt: skip
 
 
-def child(side: str, work: Path, steps: int, tokens: int, device: str) -> None:
+def child(side: str, work: Path, args) -> None:
     """One side in this process; prints its result and peak resident set as JSON on the last line."""
     sys.path.insert(0, str(work))
     started = time.perf_counter()
-    result = (trl_side if side == "trl" else minirope_side)(work, steps, tokens, device)
+    steps, tokens = args.steps, args.max_completion_length
+    if side == "trl":
+        result = trl_side(work, steps, tokens, args.device)
+    else:
+        result = minirope_side(work, steps, tokens, args.device, shlex.split(args.minirope_flags))
     result["wall_seconds"] = round(time.perf_counter() - started, 1)
     result["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)  # KiB on Linux
     print(json.dumps(result))
@@ -147,7 +153,8 @@ def child(side: str, work: Path, steps: int, tokens: int, device: str) -> None:
 
 def run_side(side: str, work: Path, args) -> dict:
     command = [sys.executable, __file__, "--child", side, "--work", str(work), "--steps", str(args.steps),
-               "--max_completion_length", str(args.max_completion_length), "--device", args.device]  # fmt: skip
+               "--max_completion_length", str(args.max_completion_length), "--device", args.device,
+               "--minirope_flags", args.minirope_flags]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(work)})
     if done.returncode:
         raise SystemExit(f"the {side} side failed:\n{done.stderr[-4000:]}")
@@ -161,12 +168,14 @@ def main() -> None:
     parser.add_argument("--max_completion_length", type=int, default=32)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--random_weights", action="store_true", help="the model's shape with random weights")
+    parser.add_argument("--minirope_flags", default="", help="more flags for minirope's side, e.g. "
+                        "'--lora_target_modules q_proj v_proj' (TRL's LoRA targets)")  # fmt: skip
     parser.add_argument("--output", default="benchmarks/results/posttrain_speed.jsonl")
     parser.add_argument("--child", choices=("trl", "minirope"), help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, Path(args.work), args.steps, args.max_completion_length, args.device)
+        child(args.child, Path(args.work), args)
         return
     with tempfile.TemporaryDirectory(prefix="posttrain-speed-") as scratch:
         work = Path(scratch)
@@ -180,6 +189,7 @@ def main() -> None:
         "random_weights": args.random_weights,
         "steps": args.steps,
         "batch": f"{BATCH // GENERATIONS} prompts x {GENERATIONS} completions, {args.max_completion_length} new tokens",
+        "minirope_flags": args.minirope_flags,
         "trl_defaults": trl,
         "minirope": ours,
         "train_time_ratio": round(ours["train_seconds"] / max(trl["train_seconds"], 1e-3), 3),

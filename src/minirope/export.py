@@ -222,48 +222,10 @@ def export_gguf(model_dir: str | Path, output: str | Path, outtype: str = "f32",
     with staged(output, overwrite) as path:
         writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
         writer.add_name(Path(model_dir).name)
-        writer.add_vocab_size(config.vocab_size)
-        writer.add_context_length(config.max_position_embeddings)
-        writer.add_embedding_length(config.hidden_size)
-        writer.add_feed_forward_length(config.intermediate_size)
-        writer.add_block_count(config.num_hidden_layers)
-        writer.add_head_count(config.num_attention_heads)
-        writer.add_head_count_kv(config.num_key_value_heads)
-        writer.add_key_length(config.head_dim)
-        writer.add_value_length(config.head_dim)
-        writer.add_rope_dimension_count(config.head_dim)
-        writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-        writer.add_file_type(file_type)
+        gguf_hyperparameters(writer, config, file_type)
         rope_freqs = gguf_rope_scaling(config, writer, gguf)
-
-        tokens, types = gguf_vocabulary(tokenizer, config.vocab_size, gguf)
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre(pre_tokenizer)
-        writer.add_token_list(tokens)
-        writer.add_token_types(types)
-        special = gguf.SpecialVocab(model_dir, load_merges=True, n_vocab=config.vocab_size)
-        probe = tokenizer("a")["input_ids"]  # does the HF tokenizer add bos/eos around text?
-        special.add_special_token = {
-            "bos": probe[0] == tokenizer.bos_token_id,
-            "eos": probe[-1] == tokenizer.eos_token_id,
-        }
-        if tokenizer.chat_template:  # `{% generation %}` is transformers' own Jinja tag: llama.cpp's renderers lack it
-            special.chat_template = GENERATION_TAG.sub("", tokenizer.chat_template)
-        special.add_to_gguf(writer, quiet=True)
-
-        names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
-        for name, tensor in model.state_dict().items():
-            if name == "lm_head.weight" and config.tie_word_embeddings:
-                continue  # llama.cpp reads a missing output.weight as tied to token_embd
-            if name.endswith(("q_proj.weight", "q_proj.bias")):
-                tensor = half_split_to_interleaved(tensor, config.num_attention_heads)
-            elif name.endswith(("k_proj.weight", "k_proj.bias")):
-                tensor = half_split_to_interleaved(tensor, config.num_key_value_heads)
-            gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
-            if gguf_name is None:
-                raise ValueError(f"no GGUF name for tensor {name!r}")
-            data, dtype = gguf_tensor(tensor, outtype, gguf)
-            writer.add_tensor(gguf_name, data, raw_dtype=dtype)
+        gguf_tokenizer(writer, tokenizer, model_dir, pre_tokenizer, config.vocab_size, gguf)
+        gguf_tensors(writer, model, outtype, gguf)
         if rope_freqs is not None:
             writer.add_tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", rope_freqs)
         writer.write_header_to_file()
@@ -271,6 +233,63 @@ def export_gguf(model_dir: str | Path, output: str | Path, outtype: str = "f32",
         writer.write_tensors_to_file()
         writer.close()
     return output
+
+
+def gguf_hyperparameters(writer, config, file_type) -> None:
+    """The Llama architecture's hyperparameters in llama.cpp's keys (`llama.context_length`, ...; head sizes and the
+    rotary dimension from `head_dim`)."""
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_file_type(file_type)
+
+
+def gguf_tokenizer(writer, tokenizer, model_dir, pre_tokenizer: str, vocab_size: int, gguf) -> None:
+    """The byte-level BPE as llama.cpp's `gpt2` tokenizer model: tokens, types, merges, the special tokens (whether
+    the tokenizer adds bos/eos, probed) and the chat template without transformers' `{% generation %}` tag, which
+    llama.cpp's renderers lack."""
+    tokens, types = gguf_vocabulary(tokenizer, vocab_size, gguf)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre_tokenizer)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    special = gguf.SpecialVocab(model_dir, load_merges=True, n_vocab=vocab_size)
+    probe = tokenizer("a")["input_ids"]  # does the HF tokenizer add bos/eos around text?
+    special.add_special_token = {"bos": probe[0] == tokenizer.bos_token_id, "eos": probe[-1] == tokenizer.eos_token_id}
+    if tokenizer.chat_template:
+        special.chat_template = GENERATION_TAG.sub("", tokenizer.chat_template)
+    special.add_to_gguf(writer, quiet=True)
+
+
+def gguf_tensors(writer, model, outtype: str, gguf) -> None:
+    """Every weight under llama.cpp's name, q_proj/k_proj rows reordered from rotate_half's split halves to
+    llama.cpp's interleaved pairs (`half_split_to_interleaved`), a tied lm_head left out (llama.cpp reads a missing
+    output.weight as tied to token_embd).
+
+    Raises:
+        ValueError: a tensor without a GGUF name."""
+    config = model.config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        if name.endswith(("q_proj.weight", "q_proj.bias")):
+            tensor = half_split_to_interleaved(tensor, config.num_attention_heads)
+        elif name.endswith(("k_proj.weight", "k_proj.bias")):
+            tensor = half_split_to_interleaved(tensor, config.num_key_value_heads)
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            raise ValueError(f"no GGUF name for tensor {name!r}")
+        data, dtype = gguf_tensor(tensor, outtype, gguf)
+        writer.add_tensor(gguf_name, data, raw_dtype=dtype)
 
 
 class LogitsFromIds(nn.Module):
@@ -325,6 +344,20 @@ def quantize_8da8w(model: MiniRopeForCausalLM) -> None:
     quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0)))
 
 
+def runner_metadata(config, tokenizer, length: int) -> dict:
+    """The constant methods ExecuTorch's LLM runner reads from a `.pte` (its `get_max_seq_len`, `get_eos_ids`, ...):
+    `length` positions of static KV cache, the vocabulary and the tokenizer's bos/eos ids."""
+    return {
+        "get_max_seq_len": length,
+        "get_max_context_len": length,
+        "get_vocab_size": config.vocab_size,
+        "get_bos_id": tokenizer.bos_token_id,
+        "get_eos_ids": [tokenizer.eos_token_id],
+        "use_kv_cache": True,
+        "enable_dynamic_shape": True,
+    }
+
+
 def export_executorch(
     model_dir: str | Path,
     output: str | Path,
@@ -372,15 +405,7 @@ def export_executorch(
             dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}},
             strict=True,
         )
-    metadata = {
-        "get_max_seq_len": length,
-        "get_max_context_len": length,
-        "get_vocab_size": model.config.vocab_size,
-        "get_bos_id": tokenizer.bos_token_id,
-        "get_eos_ids": [tokenizer.eos_token_id],
-        "use_kv_cache": True,
-        "enable_dynamic_shape": True,
-    }
+    metadata = runner_metadata(model.config, tokenizer, length)
     lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()], constant_methods=metadata)
     output = Path(output)
     with staged(output, overwrite) as folder:

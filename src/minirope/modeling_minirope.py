@@ -262,9 +262,8 @@ class MiniRopeModel(MiniRopePreTrainedModel):
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
         past_seen_tokens = cache.get_seq_length() if cache is not None else 0
-        if position_ids is None:
-            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
-            position_ids = position_ids.unsqueeze(0)
+        if position_ids is None:  # past_len .. past_len + T - 1, one row for the batch
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)[None] + past_seen_tokens
         if not torch.compiler.is_compiling():  # lengths known on the host: no device read
             self.rotary_emb.grow(past_seen_tokens + inputs_embeds.shape[1])
 
@@ -279,12 +278,7 @@ class MiniRopeModel(MiniRopePreTrainedModel):
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
         for decoder_layer in self.layers[: self.config.num_hidden_layers]:
             hidden_states = decoder_layer(
-                hidden_states,
-                position_embeddings=position_embeddings,
-                attention_mask=causal_mask,
-                position_ids=position_ids,
-                cache=cache,
-                **kwargs,
+                hidden_states, position_embeddings, causal_mask, position_ids=position_ids, cache=cache, **kwargs
             )
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), **cache_keyword(cache))
 
@@ -350,17 +344,11 @@ class MiniRopeForCausalLM(MiniRopePreTrainedModel, GenerationMixin):
             **kwargs,
         )
         loss = fused_causal_lm_loss(self.lm_head, outputs.last_hidden_state, labels, **kwargs) if skip_logits else None
-        if loss is not None:  # None where the head cannot be fused: then logits, as without skip_logits
-            return CausalLMOutputWithPast(
-                loss=loss,
-                **cache_keyword(cache_of(outputs)),
-                hidden_states=outputs.hidden_states,
-                attentions=outputs.attentions,
-            )
-        hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
-        logits = self.lm_head(hidden_states)
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        logits = None
+        if loss is None:  # without skip_logits, or where the head cannot be fused: the logits, then the loss
+            logits = self.lm_head(slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep))
+            if labels is not None:
+                loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,

@@ -349,6 +349,28 @@ class Measures:
     sample: str
 
 
+def speed_lines(summary: dict, speed: dict, flops_per_token: float, tokens: int) -> list[str]:
+    """The printed lines on the run's speed (median step, tokens/s, MFU against the matmul peak measured in the run)
+    and its compute (model FLOPs: the figure that travels between machines; GFLOP-s: this machine's)."""
+    lines = []
+    if speed:
+        lines.append(
+            f"training speed (per process, median step after warm-up): {speed['step_seconds']:.3f} s/step, "
+            f"{speed['tokens_per_second']:,.0f} tokens/s, {speed['model_tflops'] * 1e3:.0f} model GFLOP/s = MFU "
+            f"{speed['mfu']:.1%} of the {speed['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s {speed['matmul_peak_dtype']} "
+            f"matmul peak measured in this run ({speed['matmul_peak_size']}-square products, the size where the "
+            f"rate stopped rising; best of before and after training)"
+        )
+    lines.append(
+        f"training compute: {summary['train_model_flops'] / 1e12:.3g} model TFLOPs ({tokens:,} tokens x "
+        f"{flops_per_token / 1e6:.1f} MFLOPs each: the same on every machine) in "
+        f"{summary['train_seconds']:.0f} s of training (evaluation and checkpoints left out); x the "
+        f"{summary['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s matmul peak = {summary['budget_gflop_seconds']:,} GFLOP-s "
+        f"(this machine's figure: a small model fills a fast CPU's products less well)"
+    )
+    return lines
+
+
 def report(trainer, data_args, start, measures: Measures) -> None:
     """Write the folder (model, tokenizer, card, metrics, run summary) and print the results, the speed, the sample."""
     throughput, train_metrics, eval_metrics, text = (
@@ -392,21 +414,7 @@ def report(trainer, data_args, start, measures: Measures) -> None:
     summary["train_seconds"] = round(throughput.training_seconds, 3)  # evaluations and checkpoints left out
     summary["matmul_peak_tflops"] = round(throughput.peak_flops / 1e12, 4)
     summary["budget_gflop_seconds"] = round(summary["train_seconds"] * summary["matmul_peak_tflops"] * 1e3)
-    if speed:
-        lines.append(
-            f"training speed (per process, median step after warm-up): {speed['step_seconds']:.3f} s/step, "
-            f"{speed['tokens_per_second']:,.0f} tokens/s, {speed['model_tflops'] * 1e3:.0f} model GFLOP/s = MFU "
-            f"{speed['mfu']:.1%} of the {speed['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s {speed['matmul_peak_dtype']} "
-            f"matmul peak measured in this run ({speed['matmul_peak_size']}-square products, the size where the "
-            f"rate stopped rising; best of before and after training)"
-        )
-    lines.append(
-        f"training compute: {summary['train_model_flops'] / 1e12:.3g} model TFLOPs ({tokens:,} tokens x "
-        f"{throughput.flops_per_token / 1e6:.1f} MFLOPs each: the same on every machine) in "
-        f"{summary['train_seconds']:.0f} s of training (evaluation and checkpoints left out); x the "
-        f"{summary['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s matmul peak = {summary['budget_gflop_seconds']:,} GFLOP-s "
-        f"(this machine's figure: a small model fills a fast CPU's products less well)"
-    )
+    lines += speed_lines(summary, speed, throughput.flops_per_token, tokens)
     lines += [
         f"model written to {start.output_dir}/ (load it with AutoModelForCausalLM.from_pretrained)",
         *([f"sample:\n{text}"] if text else []),

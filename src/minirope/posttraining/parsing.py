@@ -8,12 +8,9 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-import yaml
 from transformers import HfArgumentParser
 from trl import TrlParser
 
-from minirope.data.documents import read_utf8
-from minirope.folders import first_line
 from minirope.posttraining.arguments import (
     CONFIGS,
     METHODS,
@@ -22,7 +19,7 @@ from minirope.posttraining.arguments import (
     PosttrainModelConfig,
 )
 from minirope.posttraining.sizing import count_parameters, sized_defaults
-from minirope.training.arguments import json_arguments, read_arguments_json
+from minirope.training.arguments import json_arguments, read_arguments_file
 
 
 @dataclass
@@ -82,17 +79,9 @@ def arguments_file(argv: list[str]) -> dict:
         ValueError: a missing file, or one that is not JSON/YAML or not a mapping of flags.
     """
     if json_arguments(argv):
-        return read_arguments_json(argv[0])
+        return read_arguments_file(argv[0])
     path = config_path(argv)
-    if path is None:
-        return {}
-    try:
-        arguments = yaml.safe_load(read_utf8(path))
-    except yaml.YAMLError as error:
-        raise ValueError(f"--config {path} is not YAML ({first_line(error)}).") from None
-    if not isinstance(arguments, dict):
-        raise ValueError(f"--config {path} must hold a mapping of flag names and values (as `trl grpo --config`).")
-    return arguments
+    return {} if path is None else read_arguments_file(path, "--config")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple:

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
 from transformers import HfArgumentParser, TrainingArguments, set_seed
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from minirope.data.documents import read_utf8
+from minirope.folders import first_line
 from minirope.output.hub import check_push
 from minirope.training.checkpoints import resolve_resume
 from minirope.training.optimizers import MUON_MOMENTUM
@@ -154,21 +156,25 @@ class MiniRopeTrainingArguments(TrainingArguments):
         return self.attn_implementation or ("eager" if compiled_on_cpu else "sdpa")
 
 
-def read_arguments_json(path: str | Path) -> dict:
-    """The flags of a JSON arguments file (`{"flag": value, ...}`), as `HfArgumentParser.parse_json_file` reads them.
+def read_arguments_file(path: str | Path, flag: str | None = None) -> dict:
+    """The flags of an arguments file: JSON (`{"flag": value, ...}`, as `HfArgumentParser.parse_json_file` reads a
+    single `.json` argument) or, given by a `flag` (TRL's `--config`), YAML, as `TrlParser` reads it. The one reader
+    of arguments files for every command.
 
     Raises:
-        ValueError: the file is missing, not JSON (naming its line) or not one object.
+        ValueError: the file is missing, not JSON/YAML (naming the problem) or not one mapping of flags.
     """
-    path = Path(path)
+    path, label = Path(path), f"{flag} {path}" if flag else f"arguments file {path}"
     if not path.is_file():
-        raise ValueError(f"arguments file {path} does not exist: check the path.")
+        raise ValueError(f"{label} does not exist: check the path.")
     try:
-        arguments = json.loads(read_utf8(path))
+        arguments = yaml.safe_load(read_utf8(path)) if flag else json.loads(read_utf8(path))
     except json.JSONDecodeError as error:
-        raise ValueError(f"arguments file {path} is not JSON ({error.msg}, line {error.lineno}).") from None
+        raise ValueError(f"{label} is not JSON ({error.msg}, line {error.lineno}).") from None
+    except yaml.YAMLError as error:
+        raise ValueError(f"{label} is not YAML ({first_line(error)}).") from None
     if not isinstance(arguments, dict):
-        raise ValueError(f"arguments file {path} must hold one JSON object of flag names and values.")
+        raise ValueError(f"{label} must hold one mapping of flag names and values (as `trl grpo --config`).")
     return arguments
 
 
@@ -187,7 +193,7 @@ def parse_cli_args(dataclass_types: tuple, argv: list[str] | None = None) -> tup
     parser = HfArgumentParser(dataclass_types)
     argv = sys.argv[1:] if argv is None else argv
     if json_arguments(argv):
-        return parser.parse_dict(read_arguments_json(argv[0]))
+        return parser.parse_dict(read_arguments_file(argv[0]))
     return parser.parse_args_into_dataclasses(args=argv)
 
 
