@@ -3,7 +3,6 @@ data, corpus term and warm start), `build_trainer` (the method's TRL trainer, wi
 `KeepBest`), `final_weights` (the kept, merged, interpolated weights) and `measure`."""
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from minirope.folders import ModelArguments, check_output, load_causal_lm
 from minirope.output.folder import check_previous_run
@@ -23,9 +22,9 @@ from minirope.posttraining.sizing import after_warm_start
 from minirope.posttraining.time_split import TimeSplit
 from minirope.posttraining.verse import VERSE_REJECTED_BY, verse_rewards
 from minirope.posttraining.warm_start import (
-    WARM_START_FOLDER,
     answer_warm_start,
     demonstrations,
+    kept_folder,
     load_warm_started,
     save_warm_measures,
     saved_warm_start,
@@ -233,9 +232,10 @@ def warm_up(setup: Setup, args, config, before, keep: KeepBest | None, split: Ti
     if not setup.warm:
         return
     if saved:
-        setup.model = load_warm_started(Path(config.output_dir) / WARM_START_FOLDER, config, setup.model_args)
+        folder = kept_folder(config.output_dir)
+        setup.model = load_warm_started(folder, config, setup.model_args)
         print(f"[minirope] warm start: the resumed run's ({saved.steps} steps of SFT on {saved.source}), read from "
-              f"{config.output_dir}/{WARM_START_FOLDER}: {saved.measured.line()}")  # fmt: skip
+              f"{folder}: {saved.measured.line()}")  # fmt: skip
     else:
         with split.part("warm start"):
             setup.model = warm_start(setup, args, config)

@@ -195,11 +195,17 @@ def warm_start(setup, args, config):
     return load_warm_started(folder, config, model_args)
 
 
+def kept_folder(output_dir: str) -> Path:
+    """`<output_dir>/_warm_start`: the run's warm-started model and its measures, kept while checkpoints need them
+    (never pushed: the Hub push skips `_*`)."""
+    return Path(output_dir) / WARM_START_FOLDER
+
+
 def warm_start_folder(output_dir: str) -> Path:
     """Where the warm-started model is kept for the run: `<output_dir>/_warm_start` on the main process, a temporary
     folder of its own on any other (several processes never write one folder)."""
     if PartialState().is_main_process:
-        return Path(output_dir) / WARM_START_FOLDER
+        return kept_folder(output_dir)
     folder = tempfile.mkdtemp(prefix="minirope-warm-start-")
     atexit.register(shutil.rmtree, folder, True)  # TRL's reference model is read from it during training
     return Path(folder)
@@ -216,7 +222,7 @@ def save_warm_measures(output_dir: str, warm: WarmStart) -> None:
     complete), on the main process."""
     if not PartialState().is_main_process:
         return
-    folder = Path(output_dir) / WARM_START_FOLDER
+    folder = kept_folder(output_dir)
     saved = {"steps": warm.steps, "source": warm.source, "measured": asdict(warm.measured)}
     (folder / f"{WARM_START_FILE}.partial").write_text(json.dumps(saved))
     (folder / f"{WARM_START_FILE}.partial").replace(folder / WARM_START_FILE)
@@ -225,7 +231,7 @@ def save_warm_measures(output_dir: str, warm: WarmStart) -> None:
 def saved_warm_start(output_dir: str, resume: str | None) -> WarmStart | None:
     """The warm start of the run a resumed run (`resume`: its checkpoint) continues, as `save_warm_measures` left it
     in `<output_dir>/_warm_start`; None for a run that is not resumed or did no (complete) warm start there."""
-    file = Path(output_dir) / WARM_START_FOLDER / WARM_START_FILE
+    file = kept_folder(output_dir) / WARM_START_FILE
     if resume is None or not file.is_file():
         return None
     saved = json.loads(file.read_text())
@@ -236,6 +242,6 @@ def saved_warm_start(output_dir: str, resume: str | None) -> WarmStart | None:
 
 def finish_warm_start(output_dir: str) -> None:
     """At the run's end: remove `<output_dir>/_warm_start` unless checkpoints remain that a resume would need it for."""
-    folder = Path(output_dir) / WARM_START_FOLDER
+    folder = kept_folder(output_dir)
     if PartialState().is_main_process and folder.is_dir() and not checkpoint_folders(output_dir):
         shutil.rmtree(folder)
