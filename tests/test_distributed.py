@@ -10,6 +10,7 @@ different learning-rate schedule moves the loss by > 1e-3).
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -246,3 +247,32 @@ def test_posttraining_on_two_processes_measures_once_and_writes_one_folder(tiny_
     assert summary["kept"]["kept_step"] == best["step"]
     assert not list((tmp_path / "two").glob("checkpoint-*")) and not (tmp_path / "two" / ".staging").exists()
     MiniRopeForCausalLM.from_pretrained(tmp_path / "two")
+
+
+@pytest.mark.slow  # two more torchrun runs (~95 s on a Zen 3): in `make test-slow`
+def test_posttraining_on_two_processes_resumes_to_the_uninterrupted_run(tiny_pretrained, tmp_path, monkeypatch):
+    """GRPO under torchrun on 2 CPU processes, checkpoints every 2 of 4 steps, and the folder a run killed after its
+    first checkpoint leaves (that checkpoint alone, with each rank's RNG state): resumed on 2 processes with
+    `--resume_from_checkpoint last`, it ends with the uninterrupted run's weights, kept step and measures."""
+    from safetensors.torch import load_file
+
+    flags = [*posttrain_flags(tmp_path, tiny_pretrained, "grpo"), "--save_strategy", "steps", "--save_steps", "2"]
+    monkeypatch.chdir(tmp_path)
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "minirope.commands.posttrain",
+    ]
+    launch([*torchrun, *flags, "--output_dir", str(tmp_path / "whole")], tmp_path)
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    shutil.copytree(tmp_path / "whole" / "checkpoint-2", killed / "checkpoint-2")
+    launch([*torchrun, *flags, "--output_dir", str(killed), "--resume_from_checkpoint", "last"], tmp_path)
+    want, got = (json.loads((folder / "run_summary.json").read_text()) for folder in (tmp_path / "whole", killed))
+    assert got["kept"] == want["kept"] and got["steps"] == want["steps"] == 4 and got["before"] == want["before"]
+    whole, resumed = load_file(tmp_path / "whole" / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert all(torch.allclose(resumed[name], whole[name], atol=1e-6) for name in whole)
