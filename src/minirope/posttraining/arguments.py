@@ -392,7 +392,7 @@ class PosttrainGRPOConfig(CpuDefaults, GRPOConfig):
     output_dir: str = retuned(GRPOConfig, "output_dir", "runs/minirope-grpo")
     # On three tasks that are not verse (the largest of three numbers and reversing letters, each pretrained from one
     # problem per line, and the arithmetic example's worksheets), at the default size: the held-out exact match rose on
-    # each, +14.5 to +60.7 points (docs/user_tasks.md); the verse task's learning
+    # each, +14.5 to +60.7 points (docs/user_tasks.md, docs/post_training_arithmetic.md); the verse task's learning
     # rate (6e-4) and batch scaling had made a user's subtraction task worse (10.5 % -> 2.5 %).
     learning_rate: float = retuned(GRPOConfig, "learning_rate", 1e-4)
     beta: float = retuned(GRPOConfig, "beta", 0.0)
