@@ -2,12 +2,14 @@
 several seeds, each scored on problems that no run trains or measures on.
 
     python benchmarks/released_task.py --model runs/smol --output_dir runs/released --seeds 1 2 3
-    python benchmarks/released_task.py --model runs/smol --output_dir runs/released --seeds 1 --flags --max_steps 30
+    python benchmarks/released_task.py --model runs/smol --output_dir runs/released --seeds 1 2 3 \\
+        --flags --reward_funcs largest_rewards.final_number largest_rewards.overlong
 
 The task is docs/pretrained.md's: "Which is the largest of 51, 29 and 60? Answer with just the number." as a
 conversation (2,000 rows with their `solution`, of which the run holds out 5 %; 200 other problems kept aside), the
-reward the reply's last number (`final_number`: SmolLM2-135M-Instruct answers in a sentence). Each seed runs, in a
-process of its own,
+reward the reply's last number (`final_number`: SmolLM2-135M-Instruct answers in a sentence); the rewards file also
+holds `overlong`, TRL's overlong punishment (DAPO), for a run that passes it (a reply cut at the 32-token limit
+otherwise keeps the last number it reached, which GRPO learned to game). Each seed runs, in a process of its own,
 
     minirope-posttrain --method grpo --model_name_or_path <model> --dataset_name largest \\
         --reward_funcs largest_rewards.final_number --use_peft True --seed <seed> --output_dir <output_dir>/seed-<seed>
@@ -36,6 +38,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 ASK = "Which is the largest of {}, {} and {}? Answer with just the number."
 REWARDS = '''import re
+
+from trl.rewards import get_soft_overlong_punishment
+
+# DAPO's overlong punishment (Eq. 13; TRL's): 0 up to 24 tokens, down to -1 for a reply cut at GRPO's 32
+overlong = get_soft_overlong_punishment(max_completion_len=32, soft_punish_cache=8)
 
 
 def final_number(completions, solution, **kwargs):

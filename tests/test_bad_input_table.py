@@ -69,6 +69,8 @@ def world(tiny_pretrained, tmp_path_factory) -> Path:
         "unknown-args.json": json.dumps({"max_stepz": 3}),
         "bad.yaml": "max_steps: [3\n",
         "unknown.yaml": "max_stepz: 3\n",
+        "list-args.json": "[3]",
+        "list.yaml": "- max_steps: 3\n",
     }
     for name, text in files.items():
         (root / name).write_text(text, encoding="utf-8")
@@ -217,6 +219,7 @@ CASES = [
     (PRETRAIN, [*P, "--streaming", "True", "--dataloader_num_workers", "2"], "drop --dataloader_num_workers"),
     (PRETRAIN, [*P, "--streaming", "True", "--train_file", "{w}/none-*.txt"], "none-*.txt matches no file"),
     (PRETRAIN, ["{w}/bad-args.json"], "arguments file {w}/bad-args.json is not JSON (Expecting value, line 2)"),
+    (PRETRAIN, ["{w}/list-args.json"], "list-args.json must hold one mapping of flag names and values (e.g. "),
     (PRETRAIN, ["{w}/no-args.json"], "arguments file {w}/no-args.json does not exist"),
     (PRETRAIN, ["{w}/latin1-args.json"], "latin1-args.json is not UTF-8 text (byte 0xe9 at offset 19"),
     (POSTTRAIN, ["{w}/latin1-args.json"], "latin1-args.json is not UTF-8 text (byte 0xe9 at offset 19"),
@@ -502,6 +505,7 @@ CASES = [
     (POSTTRAIN, ["--method", "grpo", "--output_dir", "{out}"], "--model_name_or_path is required"),
     (POSTTRAIN, [*GRPO, "--config", "{w}/none.yaml"], "--config {w}/none.yaml: no such file"),
     (POSTTRAIN, [*GRPO, "--config", "{w}/bad.yaml"], "--config {w}/bad.yaml is not YAML"),
+    (POSTTRAIN, [*GRPO, "--config", "{w}/list.yaml"], "list.yaml must hold one mapping of flag names and values (as `"),
     (POSTTRAIN, [*GRPO, "--config", "{w}/unknown.yaml"], "unknown.yaml: max_stepz is not a flag of minirope-posttrain"),
     (POSTTRAIN, [*GRPO, "--dataset_streaming"], "--dataset_streaming: minirope-posttrain holds out"),
     (

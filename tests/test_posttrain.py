@@ -331,6 +331,41 @@ def test_own_pairs_keep_only_prompts_whose_samples_differ_in_reward(tiny_pretrai
     assert groups == [two.completions[:3], two.completions[3:]]  # each prompt's completions scored together
 
 
+def test_sampled_completion_ids_keep_their_end_of_sequence_token_as_trl_gives_them(tiny_pretrained):
+    """A reward sees in the measures the token ids TRL's `GRPOTrainer` gives it in training: up to and including the
+    first end-of-sequence token, or `max_new_tokens` ids for a completion cut short (TRL's `mask_truncated_completions`
+    and its overlong punishment read exactly that); the text leaves the token out."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
+    newline = tokenizer("\n", add_special_tokens=False)["input_ids"][-1]
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, newline]  # a line ends a completion here
+    samples = sample(model, tokenizer, Dataset.from_dict({"prompt": ["ROMEO:\n", "JULIET:\n"]}), 8, 12, 0, SAMPLING)
+    ended = [ids for ids in samples.completion_ids if ids[-1] in (tokenizer.eos_token_id, newline)]
+    assert ended and len(ended) < len(samples.completion_ids)  # both kinds met
+    for ids, text in zip(samples.completion_ids, samples.completions, strict=True):
+        stops = [place for place, token in enumerate(ids) if token in (tokenizer.eos_token_id, newline)]
+        assert stops == [len(ids) - 1] if ids in ended else (stops == [] and len(ids) == 12)
+        assert text == tokenizer.decode(ids, skip_special_tokens=True)
+    assert samples.cut_share == 1 - len(ended) / len(samples.completion_ids)
+
+
+def test_a_run_warns_when_many_samples_are_cut_at_the_token_limit(capsys):
+    """GRPO on a user's task with half its held-out samples unfinished at the limit: one line naming TRL's overlong
+    punishment; nothing below `CUT_SHARE`, for other methods or for the verse task (cut by design)."""
+    from types import SimpleNamespace
+
+    from minirope.posttraining.setup import CUT_SHARE, check_cut
+
+    cut = SimpleNamespace(cut_share=0.5, max_new_tokens=32)
+    check_cut(cut, SimpleNamespace(method="grpo"), verse=False)
+    line = capsys.readouterr().out
+    assert "50% of the held-out samples reach the 32-token limit" in line and "get_soft_overlong_punishment" in line
+    check_cut(SimpleNamespace(cut_share=CUT_SHARE - 0.01, max_new_tokens=32), SimpleNamespace(method="grpo"), False)
+    check_cut(cut, SimpleNamespace(method="dpo"), verse=False)
+    check_cut(cut, SimpleNamespace(method="grpo"), verse=True)
+    assert capsys.readouterr().out == ""
+
+
 def test_samples_read_each_prompt_once_and_equal_generates_num_return_sequences(tiny_pretrained):
     """`sample` prefills each prompt once for all its completions (`shared_prefill`): the same tokens as transformers'
     `generate(num_return_sequences=...)` on the same seed, for prompts of different lengths (left padding); the

@@ -41,6 +41,7 @@ def run(argv: list[str] | None = None) -> dict:
     from minirope.posttraining.report import write_run
     from minirope.posttraining.setup import (
         build_trainer,
+        check_cut,
         check_signal,
         final_weights,
         keep_best_callback,
@@ -63,6 +64,7 @@ def run(argv: list[str] | None = None) -> dict:
     keep = keep_best_callback(setup, args, config, before, split)
     warm_up(setup, args, config, before, keep, split)
     check_signal(setup.warm.measured if setup.warm else before, args, warm_started=bool(setup.warm))
+    check_cut(setup.warm.measured if setup.warm else before, args, setup.data.verse)
     train = setup.data.train if setup.data.train is not None else own_preference_pairs(setup, args, config)
     start_weights = (  # kept only to interpolate with
         {name: param.detach().clone() for name, param in setup.model.named_parameters()}

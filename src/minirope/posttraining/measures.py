@@ -51,6 +51,12 @@ class Samples:
     per_prompt: int
     completions: list
     completion_ids: list[list[int]]
+    ended: list[bool] = field(default_factory=list)  # each completion's: ended by its own end-of-sequence token
+
+    @property
+    def cut_share(self) -> float | None:
+        """The share of completions cut at the token limit before they ended: replies a reward reads unfinished."""
+        return 1 - sum(self.ended) / len(self.ended) if self.ended else None
 
     @property
     def rows(self) -> Dataset:
@@ -113,9 +119,9 @@ def sample(
 ) -> Samples:
     """`per_prompt` completions of each row's `prompt` with `generate()` and `settings` (`SAMPLING` or `GREEDY`),
     seeded; prompts go left-padded, as many at a time as make at most `batch` sequences, each read once for all its
-    completions (`shared_prefill`). A completion is decoded without special tokens and ends at the first
-    end-of-sequence token; conversational prompts get conversational completions (`[{"role": "assistant",
-    "content": text}]`), as TRL gives them to rewards.
+    completions (`shared_prefill`). A completion ends at its first end-of-sequence token, which its token ids keep
+    and its text (decoded without special tokens) does not; conversational prompts get conversational completions
+    (`[{"role": "assistant", "content": text}]`): all as TRL's `GRPOTrainer` gives them to rewards.
 
     On several processes (DDP: `accelerate launch`, torchrun) the main process samples and every process gets its
     samples (`on_main_process`): every process scores the same completions and takes the same decisions from them,
@@ -125,6 +131,14 @@ def sample(
     )
 
 
+def end_of_sequence_ids(model, tokenizer) -> set[int]:
+    """The tokens that end a completion: the generation config's `eos_token_id` (one or a list, as TRL reads them)
+    and the tokenizer's."""
+    configured = model.generation_config.eos_token_id
+    configured = configured if isinstance(configured, list) else [configured]
+    return {token for token in [*configured, tokenizer.eos_token_id] if token is not None}
+
+
 @torch.no_grad()
 def generate_samples(
     model, tokenizer, rows: Dataset, per_prompt: int, max_new_tokens: int, seed: int, settings: dict, batch: int = 256
@@ -132,12 +146,12 @@ def generate_samples(
     """`sample`'s completions, generated in this process."""
     model.eval()
     torch.manual_seed(seed)
-    eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    eos = end_of_sequence_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     prompt_rows = rows.to_list()
     conversational = bool(prompt_rows) and is_conversational(prompt_rows[0])
-    ids = []
+    ids, ended = [], []
     try:
         step = max(1, batch // per_prompt)
         for first in range(0, len(prompt_rows), step):
@@ -146,12 +160,14 @@ def generate_samples(
             out = model.generate(**shared_prefill(model, inputs, per_prompt), **settings, max_new_tokens=max_new_tokens,
                                  pad_token_id=pad)  # fmt: skip
             for row in out[:, inputs["input_ids"].shape[1] :].tolist():
-                ids.append(row[: row.index(eos)] if eos in row else row)
+                ends = [place for place, token in enumerate(row) if token in eos]
+                ids.append(row[: ends[0] + 1] if ends else row)
+                ended.append(bool(ends))
     finally:
         tokenizer.padding_side = side
     texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
     completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
-    return Samples(prompt_rows, per_prompt, completions, ids)
+    return Samples(prompt_rows, per_prompt, completions, ids, ended)
 
 
 def group_values(rewards: list, samples: Samples) -> dict[str, list[list[float | None]]]:
@@ -234,6 +250,8 @@ class TaskMeasure:
     samples: list[dict] = field(default_factory=list)
     alike_share: float | None = None  # prompts whose sampled completions all score alike (`alike_share`)
     solved_share: float | None = None  # ... all at full credit (`solved_share`): a part of `alike_share`
+    cut_share: float | None = None  # sampled completions cut at the token limit before they ended (`Samples`)
+    max_new_tokens: int | None = None  # the limit
 
     @property
     def failing_share(self) -> float | None:
@@ -251,6 +269,7 @@ class TaskMeasure:
             "validation_bits_per_byte": self.bits_per_byte,
             "prompts_with_alike_samples_share": self.alike_share,
             "prompts_solved_by_every_sample_share": self.solved_share,
+            "sampled_cut_at_token_limit_share": self.cut_share,
             **(self.verse.as_dict() if self.verse else {}),
         }
 
@@ -260,6 +279,8 @@ class TaskMeasure:
         parts = [f"{name} {number(value)} greedy, {number(self.sampled[name])} sampled"
                  for name, value in self.greedy.items()]  # fmt: skip
         parts.append(f"{self.distinct_share:.1%} distinct")
+        if self.cut_share:
+            parts.append(f"{self.cut_share:.0%} cut at {self.max_new_tokens} tokens")
         if self.verse:
             parts.append(self.verse.line())
         if self.bits_per_byte is not None:
@@ -298,4 +319,6 @@ def measure_task(model, tokenizer, held_out: Dataset, rewards: list, args, confi
         samples=examples,
         alike_share=alike_share(values, getattr(config, "reward_weights", None)) if per_prompt > 1 else None,
         solved_share=solved_share(values, getattr(config, "reward_weights", None)) if per_prompt > 1 else None,
+        cut_share=sampled.cut_share,
+        max_new_tokens=tokens,
     )

@@ -32,6 +32,8 @@ from minirope.posttraining.warm_start import (
 )
 from minirope.training.checkpoints import check_resume, resolve_resume
 
+CUT_SHARE = 0.25  # of the held-out samples cut at the token limit: from here `check_cut` warns of a gameable reward
+
 
 @dataclass
 class Setup:
@@ -191,6 +193,21 @@ def check_signal(measured, args, warm_started: bool = False) -> None:
         solved = f" ({measured.solved_share:.0%} solved: every sample right)" if measured.solved_share else ""
         print(f"[minirope] {share:.0%} of the held-out prompts' samples all score alike{solved}: GRPO learns only from "
               f"the other prompts' groups (TRL logs the share of such groups as frac_reward_zero_std)")  # fmt: skip
+
+
+def check_cut(measured, args, verse: bool) -> None:
+    """Print a line when at least `CUT_SHARE` of the held-out samples reach the token limit unfinished
+    (`TaskMeasure.cut_share`), for GRPO on a user's task: a reward that reads a cut reply (its last number, say) can
+    be gamed by replies that never end. On docs/pretrained.md's largest-of-three task, SmolLM2's samples were half cut
+    at 32 tokens, and GRPO learned to restate the question at length (0 % on other problems) until TRL's overlong
+    punishment (DAPO, Eq. 13) joined the rewards. The verse task's completions are cut by design."""
+    share = measured.cut_share
+    if args.method != "grpo" or verse or share is None or share < CUT_SHARE:
+        return
+    print(f"[minirope] {share:.0%} of the held-out samples reach the {measured.max_new_tokens}-token limit "
+          f"unfinished: a reward that reads a cut reply can be gamed by replies that never end; TRL's overlong "
+          f"punishment as a second reward (trl.rewards.get_soft_overlong_punishment, docs/pretrained.md) or a larger "
+          f"--max_completion_length guards against it")  # fmt: skip
 
 
 def held_out_value(measures, config) -> float:

@@ -174,7 +174,8 @@ def read_arguments_file(path: str | Path, flag: str | None = None) -> dict:
     except yaml.YAMLError as error:
         raise ValueError(f"{label} is not YAML ({first_line(error)}).") from None
     if not isinstance(arguments, dict):
-        raise ValueError(f"{label} must hold one mapping of flag names and values (as `trl grpo --config`).")
+        example = "as `trl grpo --config` reads one" if flag else 'e.g. {"learning_rate": 0.001, "max_steps": 100}'
+        raise ValueError(f"{label} must hold one mapping of flag names and values ({example}).")
     return arguments
 
 
