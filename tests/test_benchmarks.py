@@ -72,7 +72,8 @@ def test_posttrain_speed_runs_trl_and_minirope_side_by_side_for_one_step(tiny_pr
     pytest.importorskip("trl")
     output = tmp_path / "speed.jsonl"
     command = [sys.executable, str(BENCHMARKS / "posttrain_speed.py"), "--model", str(tiny_pretrained), "--steps", "1",
-               "--max_completion_length", "4", "--output", str(output)]  # fmt: skip
+               "--max_completion_length", "4", "--output", str(output),
+               "--minirope_flags=--eval_prompts 4 --eval_samples_per_prompt 2 --sft_steps 0"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = [json.loads(line) for line in output.read_text().splitlines()]
@@ -80,6 +81,31 @@ def test_posttrain_speed_runs_trl_and_minirope_side_by_side_for_one_step(tiny_pr
     assert row["trl_defaults"]["gradient_checkpointing"] and row["trl_defaults"]["bf16"]  # TRL's own defaults
     assert row["train_time_ratio"] > 0 and 0 < row["peak_rss_ratio"] and row["machine"]["torch"]
     assert row["command"].startswith("benchmarks/posttrain_speed.py") and "minirope / TRL" in done.stdout
+
+
+@pytest.mark.slow  # 40 s on a 2-core Zen 3: in `make test-slow`, to keep the default run inside its time
+@pytest.mark.client
+def test_released_task_benchmark_runs_a_seed_and_scores_it_on_the_other_problems(tiny_pretrained, tmp_path):
+    """`benchmarks/released_task.py` on the tiny model, one seed of one GRPO step with both rewards of its file: the
+    row names the command, the machine, the seed, both scores on the 200 other problems, the run's measures, the time
+    split and the peak resident set."""
+    pytest.importorskip("trl")
+    results = tmp_path / "rows.jsonl"
+    small = ["--max_steps", "1", "--per_device_train_batch_size", "4", "--num_generations", "2",
+             "--max_completion_length", "8", "--eval_prompts", "4", "--eval_samples_per_prompt", "2",
+             "--eval_max_new_tokens", "8", "--require_reward_spread", "False", "--sft_steps", "0", "--reward_funcs",
+             "largest_rewards.final_number", "largest_rewards.overlong"]  # fmt: skip
+    command = [sys.executable, str(BENCHMARKS / "released_task.py"), "--model", str(tiny_pretrained), "--output_dir",
+               str(tmp_path / "runs"), "--seeds", "1", "--results", str(results), "--flags", *small]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = [json.loads(line) for line in results.read_text().splitlines()]
+    assert row["command"].startswith("benchmarks/released_task.py") and row["seed"] == 1 and row["flags"] == small
+    assert row["other_problems"]["count"] == 200 and 0 <= row["other_problems"]["after"] <= 1
+    assert set(row["held_out"]) == {"before", "after"} and row["steps"] == 1 and row["peak_rss_gb"] > 0
+    assert row["time_split"]["total"] > 0 and row["machine"]["torch"] == torch.__version__
+    summary = json.loads((tmp_path / "runs" / "seed-1" / "run_summary.json").read_text())
+    assert summary["reward_funcs"] == ["final_number", "soft_overlong_punishment_reward"]  # TRL's, by its name
 
 
 def results_rows(path: Path) -> list[dict]:
