@@ -393,6 +393,11 @@ CASES = [
     (POSTTRAIN, [*GRPO, "--reward_funcs", "os.no_such_reward"], "--reward_funcs 'os.no_such_reward' is not a reward"),
     (
         POSTTRAIN,
+        [*GRPO, "--reward_funcs", "trl.rewards.get_soft_overlong_punishment"],
+        "get_soft_overlong_punishment takes (max_completion_len, soft_punish_cache), not a reward's keyword arguments",
+    ),
+    (
+        POSTTRAIN,
         [*GRPO, "--reward_funcs", "test_bad_input_table.text_reward"],
         "reward text_reward returned ['good', 'good'] for 2 completions: a reward must return a list of one number",
     ),

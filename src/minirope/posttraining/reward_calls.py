@@ -8,6 +8,7 @@ passes the check here works in TRL's loop, and the measures score completions ex
 """
 
 import importlib
+import inspect
 import os
 import sys
 
@@ -62,7 +63,29 @@ def resolve_reward(name: str):
             f"(my_module.my_reward, from the working directory) of a function (prompts, completions, **kwargs) -> "
             f"list[float]."
         )
+    check_reward_arguments(name, reward)
     return reward
+
+
+def check_reward_arguments(name: str, reward) -> None:
+    """A reward takes TRL's keyword arguments (`completions`, or `**kwargs` for those it reads); a function that takes
+    neither builds rewards (TRL's `get_soft_overlong_punishment(max_completion_len, soft_punish_cache)`, say).
+
+    Raises:
+        ValueError: `reward` takes neither, naming its parameters and how to build the reward instead.
+    """
+    try:
+        parameters = inspect.signature(reward).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: called as it is
+        return
+    if "completions" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return
+    attribute = name.rpartition(".")[2]
+    raise ValueError(
+        f"--reward_funcs {name} takes ({', '.join(parameters)}), not a reward's keyword arguments (prompts, "
+        f"completions, completion_ids, the rows' columns): if it builds a reward, build it in a rewards file of "
+        f"yours (`my_reward = {attribute}(...)` in my_rewards.py) and give --reward_funcs my_rewards.my_reward."
+    )
 
 
 def reward_name(reward) -> str:
