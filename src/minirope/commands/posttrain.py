@@ -63,8 +63,9 @@ def run(argv: list[str] | None = None) -> dict:
         before = measure(setup, args, config)
     keep = keep_best_callback(setup, args, config, before, split)
     warm_up(setup, args, config, before, keep, split)
-    check_signal(setup.warm.measured if setup.warm else before, args, warm_started=bool(setup.warm))
-    check_cut(setup.warm.measured if setup.warm else before, args, setup.data.verse)
+    starting = setup.warm.measured if setup.warm else before  # the measures of what the method starts from
+    check_signal(starting, args, warm_started=bool(setup.warm))
+    check_cut(starting, args, setup.data.verse)
     train = setup.data.train if setup.data.train is not None else own_preference_pairs(setup, args, config)
     start_weights = (  # kept only to interpolate with
         {name: param.detach().clone() for name, param in setup.model.named_parameters()}

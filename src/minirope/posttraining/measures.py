@@ -160,9 +160,9 @@ def generate_samples(
             out = model.generate(**shared_prefill(model, inputs, per_prompt), **settings, max_new_tokens=max_new_tokens,
                                  pad_token_id=pad)  # fmt: skip
             for row in out[:, inputs["input_ids"].shape[1] :].tolist():
-                ends = [place for place, token in enumerate(row) if token in eos]
-                ids.append(row[: ends[0] + 1] if ends else row)
-                ended.append(bool(ends))
+                end = next((place for place, token in enumerate(row) if token in eos), None)
+                ids.append(row if end is None else row[: end + 1])
+                ended.append(end is not None)
     finally:
         tokenizer.padding_side = side
     texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
