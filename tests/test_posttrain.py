@@ -34,6 +34,7 @@ from minirope.posttraining.corpus import interpolate_weights  # noqa: E402
 from minirope.posttraining.measures import SAMPLING, TaskMeasure, sample  # noqa: E402
 from minirope.posttraining.parsing import parse_args  # noqa: E402
 from minirope.posttraining.reward_calls import own_pairs  # noqa: E402
+from minirope.posttraining.rollouts import lora_base_weights, mergeable, merged_adapter  # noqa: E402
 from minirope.posttraining.setup import prepare  # noqa: E402
 from minirope.posttraining.verse import training_prompts, validation_headers  # noqa: E402
 
@@ -590,13 +591,24 @@ def test_lora_after_a_warm_start_that_gains_nothing_writes_the_model_the_run_sta
 
 def test_grpo_with_use_peft_and_merge_lora_false_saves_an_adapter_that_loads(tiny_pretrained, tmp_path, monkeypatch):
     """`--merge_lora False`: the adapter alone (peft's folder), trained (its B matrices no longer zero), loading with
-    `AutoModelForCausalLM` onto the base model it names, and scoring as the run measured it."""
+    `AutoModelForCausalLM` onto the base model it names, and scoring as the run measured it. Every rollout of TRL's
+    trainer ran on the merged adapter."""
     from peft import AutoPeftModelForCausalLM
+    from peft.tuners.lora import LoraLayer
+    from trl import GRPOTrainer
 
+    rollouts, generate_single_turn = [], GRPOTrainer._generate_single_turn
+
+    def watched(trainer, *args, **kwargs):
+        rollouts.append({layer.merged for layer in trainer.model.modules() if isinstance(layer, LoraLayer)})
+        return generate_single_turn(trainer, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", watched)
     out = tmp_path / "adapter"
     posttrain.run([*user_task(tmp_path, monkeypatch), "--model_name_or_path", str(tiny_pretrained), "--output_dir",
                    str(out), "--use_peft", "--lora_r", "4", "--merge_lora", "False",
                    "--keep_last", "True"])  # fmt: skip
+    assert rollouts and all(merged == {True} for merged in rollouts)
     assert not (out / "model.safetensors").exists()
     adapter = load_file(out / "adapter_model.safetensors")
     assert {name.split(".")[-2] for name in adapter} == {"lora_A", "lora_B"}
@@ -609,6 +621,36 @@ def test_grpo_with_use_peft_and_merge_lora_false_saves_an_adapter_that_loads(tin
         base = AutoModelForCausalLM.from_pretrained(tiny_pretrained).eval()(ids).logits
         torch.testing.assert_close(loaded(ids).logits, expected)
     assert not torch.allclose(expected, base)
+
+
+def test_a_lora_model_samples_on_its_merged_adapter_and_gets_its_base_weights_back(tiny_pretrained):
+    """`merged_adapter`: inside it every LoRA layer is merged and greedy tokens equal the unmerged model's; after it
+    (an exception included) nothing is merged and the base weights are back within float32 rounding. A model without
+    an adapter, or with bf16 base weights (whose rounding would move the base at every merge), runs as it is."""
+    from peft import LoraConfig, get_peft_model
+    from peft.tuners.lora import LoraLayer
+
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_pretrained),
+                           LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"])).eval()  # fmt: skip
+    for name, weight in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(weight, std=0.05)  # a trained adapter (B = 0 would change nothing)
+    start = [weight.clone() for weight in lora_base_weights(model)]
+    ids = torch.tensor([[1, 5, 9, 2]])
+    greedy = {"max_new_tokens": 12, "do_sample": False, "pad_token_id": 0}
+    unmerged = model.generate(input_ids=ids, **greedy)
+    layers = [layer for layer in model.modules() if isinstance(layer, LoraLayer)]
+    with merged_adapter(model):
+        assert all(layer.merged for layer in layers)
+        assert torch.equal(model.generate(input_ids=ids, **greedy), unmerged)
+    with pytest.raises(RuntimeError, match="stopped"), merged_adapter(model):
+        raise RuntimeError("stopped")
+    assert not any(layer.merged for layer in layers)
+    for before, after in zip(start, lora_base_weights(model), strict=True):
+        torch.testing.assert_close(after, before, rtol=1e-6, atol=1e-6)
+    assert mergeable(model) and not mergeable(AutoModelForCausalLM.from_pretrained(tiny_pretrained))
+    assert not mergeable(model.to(torch.bfloat16))
 
 
 def test_grpo_warm_starts_on_the_rows_answers_when_every_group_scores_alike(tiny_pretrained, tmp_path, monkeypatch,

@@ -21,6 +21,7 @@
     sizing      the defaults for a model of a released checkpoint's size (fewer, smaller steps and measures)
     measures    what a run bought and cost, before and after: each reward on the held-out prompts (greedy and
                 sampled), the share of distinct completions, bits per byte on the validation text
+    rollouts    a LoRA model samples on its merged adapter (GRPO's rollouts, the measures): the base model's cost
     keep_best   never silently worse: the held-out score every --eval_steps, the best weights kept, one line
                 saying what was gained
     report      the folder a run leaves (model or adapter, card, run summary: `write_run`) and its before -> after

@@ -31,6 +31,7 @@ from minirope.data.pipeline import TextDataArguments, data_description, training
 from minirope.data.sources import dataset_shards, file_shards
 from minirope.output.card import OwnModelCard
 from minirope.posttraining.arguments import LM_COEF, SFT_LM_COEF, PosttrainArguments
+from minirope.posttraining.rollouts import MergedRollouts
 
 
 def trained_on(model_path: str) -> str | None:
@@ -153,8 +154,9 @@ class CorpusTerm:
         return loss
 
 
-class MiniRopeGRPOTrainer(OwnModelCard, CorpusTerm, GRPOTrainer):
-    """TRL's `GRPOTrainer`, with the corpus term of `CorpusTerm` and minirope's model card."""
+class MiniRopeGRPOTrainer(OwnModelCard, CorpusTerm, MergedRollouts, GRPOTrainer):
+    """TRL's `GRPOTrainer`, with the corpus term of `CorpusTerm`, a LoRA model's rollouts on its merged adapter
+    (`MergedRollouts`) and minirope's model card."""
 
 
 class MiniRopeDPOTrainer(OwnModelCard, CorpusTerm, DPOTrainer):

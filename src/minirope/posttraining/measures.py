@@ -30,6 +30,7 @@ from minirope.compat_minirope import cache_keyword
 from minirope.data.documents import Shard
 from minirope.data.pipeline import validation_windows
 from minirope.posttraining.reward_calls import call_reward, reward_name, weighted_reward
+from minirope.posttraining.rollouts import merged_adapter
 from minirope.posttraining.verse import VerseMeasure, verse_measure
 from minirope.rewards import completion_text
 from minirope.training.trainer import MiniRopeTrainer
@@ -143,14 +144,26 @@ def end_of_sequence_ids(model, tokenizer) -> set[int]:
 def generate_samples(
     model, tokenizer, rows: Dataset, per_prompt: int, max_new_tokens: int, seed: int, settings: dict, batch: int = 256
 ) -> Samples:
-    """`sample`'s completions, generated in this process."""
+    """`sample`'s completions, generated in this process (a LoRA model's on its merged adapter: `merged_adapter`)."""
     model.eval()
     torch.manual_seed(seed)
+    prompt_rows = rows.to_list()
+    with merged_adapter(model):
+        ids, ended = completion_ids(model, tokenizer, prompt_rows, per_prompt, max_new_tokens, settings, batch)
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    conversational = bool(prompt_rows) and is_conversational(prompt_rows[0])
+    completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
+    return Samples(prompt_rows, per_prompt, completions, ids, ended)
+
+
+def completion_ids(
+    model, tokenizer, prompt_rows: list[dict], per_prompt: int, max_new_tokens: int, settings: dict, batch: int
+) -> tuple[list[list[int]], list[bool]]:
+    """`generate_samples`' token ids, each completion's up to and including its first end-of-sequence token, and
+    whether it has one (False: cut at `max_new_tokens`)."""
     eos = end_of_sequence_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    prompt_rows = rows.to_list()
-    conversational = bool(prompt_rows) and is_conversational(prompt_rows[0])
     ids, ended = [], []
     try:
         step = max(1, batch // per_prompt)
@@ -165,9 +178,7 @@ def generate_samples(
                 ended.append(end is not None)
     finally:
         tokenizer.padding_side = side
-    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-    completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
-    return Samples(prompt_rows, per_prompt, completions, ids, ended)
+    return ids, ended
 
 
 def group_values(rewards: list, samples: Samples) -> dict[str, list[list[float | None]]]:
