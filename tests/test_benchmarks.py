@@ -108,6 +108,30 @@ def test_released_task_benchmark_runs_a_seed_and_scores_it_on_the_other_problems
     assert summary["reward_funcs"] == ["final_number", "soft_overlong_punishment_reward"]  # TRL's, by its name
 
 
+@pytest.mark.slow  # the suite's default run is at its time limit on a 2-core Zen 3: in `make test-slow`
+def test_lora_mfu_benchmark_times_full_and_lora_steps_and_counts_their_model_flops(tiny_pretrained, tmp_path):
+    """`benchmarks/lora_mfu.py` on the tiny model: every case timed, LoRA's model FLOPs two thirds of a full step's
+    (4N against 6N, the attention's alike), the row naming the command and the machine."""
+    pytest.importorskip("peft")
+    output = tmp_path / "rows.jsonl"
+    command = [sys.executable, str(BENCHMARKS / "lora_mfu.py"), "--model", str(tiny_pretrained), "--rows", "4",
+               "--tokens", "32", "--completion_tokens", "8", "--reps", "1", "--output", str(output)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = [json.loads(line) for line in output.read_text().splitlines()]
+    assert row["command"].startswith("benchmarks/lora_mfu.py") and row["machine"]["torch"] == torch.__version__
+    cases = row["cases"]
+    assert list(cases) == ["full", "lora (lora_dropout 0.05)", "lora (lora_dropout 0.05) + checkpointing",
+                           "lora (lora_dropout 0)"]  # fmt: skip
+    assert all(case["seconds"] > 0 and 0 < case["mfu"] for case in cases.values())
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
+    weights = sum(layer.weight.numel() for layer in model.modules() if isinstance(layer, torch.nn.Linear))
+    attention = row["flops_per_token"]["full"] - 6 * weights  # the attention's, alike in both
+    assert 0 < attention < weights and row["flops_per_token"]["lora"] == pytest.approx(4 * weights + attention)
+
+
 def results_rows(path: Path) -> list[dict]:
     """A results file's rows: a JSON-lines file's lines; a JSON file of named runs (each with its `flags`, as
     recipe.py and post_training.py keep them) its runs; any other JSON file, its one object."""

@@ -189,9 +189,20 @@ def test_dpo_trains_on_a_preference_file(tiny_post, tiny_pretrained, tmp_path):
     assert any("rewards/chosen" in entry for entry in logged)  # DPO's implicit rewards: TRL's loop ran
 
 
-def test_dpo_and_distillation_train_a_lora_adapter_with_use_peft(tiny_post, tiny_pretrained, tmp_path):
+def test_dpo_and_distillation_train_a_lora_adapter_with_use_peft(tiny_post, tiny_pretrained, tmp_path, monkeypatch):
     """`--use_peft` reaches DPO's and distillation's TRL trainers too: the merged folder loads, differs from the base
-    (the trained weights are kept: `--keep_last`), and says LoRA in its summary."""
+    (the trained weights are kept: `--keep_last`), and says LoRA in its summary; the student's completions came from
+    its adapters as TRL runs them, dropout included (`--lora_dropout` 0.05: not merged)."""
+    from peft.tuners.lora import LoraLayer
+    from trl import DistillationTrainer
+
+    completions, generate_single_turn = [], DistillationTrainer._generate_single_turn
+
+    def watched(trainer, *args, **kwargs):
+        completions.append({layer.merged for layer in trainer.model.modules() if isinstance(layer, LoraLayer)})
+        return generate_single_turn(trainer, *args, **kwargs)
+
+    monkeypatch.setattr(DistillationTrainer, "_generate_single_turn", watched)
     pairs = tmp_path / "pairs.jsonl"
     row = {"prompt": "ROMEO:\n", "chosen": "But soft, what light through yonder window breaks?\n", "rejected": "No.\n"}
     pairs.write_text("".join(json.dumps(row) + "\n" for _ in range(4)))
@@ -209,6 +220,7 @@ def test_dpo_and_distillation_train_a_lora_adapter_with_use_peft(tiny_post, tiny
         written = load_file(out / "model.safetensors")
         assert written.keys() == start.keys() and summary(out)["training"] == "LoRA r=4, alpha 32 (merged)", method
         assert not all(torch.equal(written[name], start[name]) for name in start), method
+    assert completions and all(merged == {False} for merged in completions)
 
 
 def test_distillation_from_a_teacher_writes_a_model_that_loads(tiny_post, tiny_pretrained, tmp_path):
@@ -591,8 +603,8 @@ def test_lora_after_a_warm_start_that_gains_nothing_writes_the_model_the_run_sta
 
 def test_grpo_with_use_peft_and_merge_lora_false_saves_an_adapter_that_loads(tiny_pretrained, tmp_path, monkeypatch):
     """`--merge_lora False`: the adapter alone (peft's folder), trained (its B matrices no longer zero), loading with
-    `AutoModelForCausalLM` onto the base model it names, and scoring as the run measured it. Every rollout of TRL's
-    trainer ran on the merged adapter."""
+    `AutoModelForCausalLM` onto the base model it names, and scoring as the run measured it. Without LoRA dropout,
+    every rollout of TRL's trainer ran on the merged adapter."""
     from peft import AutoPeftModelForCausalLM
     from peft.tuners.lora import LoraLayer
     from trl import GRPOTrainer
@@ -606,7 +618,7 @@ def test_grpo_with_use_peft_and_merge_lora_false_saves_an_adapter_that_loads(tin
     monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", watched)
     out = tmp_path / "adapter"
     posttrain.run([*user_task(tmp_path, monkeypatch), "--model_name_or_path", str(tiny_pretrained), "--output_dir",
-                   str(out), "--use_peft", "--lora_r", "4", "--merge_lora", "False",
+                   str(out), "--use_peft", "--lora_r", "4", "--lora_dropout", "0", "--merge_lora", "False",
                    "--keep_last", "True"])  # fmt: skip
     assert rollouts and all(merged == {True} for merged in rollouts)
     assert not (out / "model.safetensors").exists()
@@ -626,13 +638,14 @@ def test_grpo_with_use_peft_and_merge_lora_false_saves_an_adapter_that_loads(tin
 def test_a_lora_model_samples_on_its_merged_adapter_and_gets_its_base_weights_back(tiny_pretrained):
     """`merged_adapter`: inside it every LoRA layer is merged and greedy tokens equal the unmerged model's; after it
     (an exception included) nothing is merged and the base weights are back within float32 rounding. A model without
-    an adapter, or with bf16 base weights (whose rounding would move the base at every merge), runs as it is."""
+    an adapter, with bf16 base weights (whose rounding would move the base at every merge), or whose adapters apply
+    dropout (training mode) runs as it is."""
     from peft import LoraConfig, get_peft_model
     from peft.tuners.lora import LoraLayer
 
     torch.manual_seed(0)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_pretrained),
-                           LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"])).eval()  # fmt: skip
+    lora = LoraConfig(r=4, lora_dropout=0.1, target_modules=["q_proj", "v_proj", "down_proj"])
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_pretrained), lora).eval()
     for name, weight in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(weight, std=0.05)  # a trained adapter (B = 0 would change nothing)
@@ -647,6 +660,9 @@ def test_a_lora_model_samples_on_its_merged_adapter_and_gets_its_base_weights_ba
     with pytest.raises(RuntimeError, match="stopped"), merged_adapter(model):
         raise RuntimeError("stopped")
     assert not any(layer.merged for layer in layers)
+    with merged_adapter(model.train()):  # LoRA's dropout applies in training mode: a merged model would skip it
+        assert not any(layer.merged for layer in layers)
+    model.eval()
     for before, after in zip(start, lora_base_weights(model), strict=True):
         torch.testing.assert_close(after, before, rtol=1e-6, atol=1e-6)
     assert mergeable(model) and not mergeable(AutoModelForCausalLM.from_pretrained(tiny_pretrained))

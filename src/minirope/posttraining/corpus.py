@@ -163,8 +163,9 @@ class MiniRopeDPOTrainer(OwnModelCard, CorpusTerm, DPOTrainer):
     """TRL's `DPOTrainer`, with the corpus term of `CorpusTerm` and minirope's model card."""
 
 
-class MiniRopeDistillationTrainer(OwnModelCard, CorpusTerm, DistillationTrainer):
-    """TRL's `DistillationTrainer`, with the corpus term of `CorpusTerm` and minirope's model card."""
+class MiniRopeDistillationTrainer(OwnModelCard, CorpusTerm, MergedRollouts, DistillationTrainer):
+    """TRL's `DistillationTrainer`, with the corpus term of `CorpusTerm`, a LoRA student's completions on its merged
+    adapter (`MergedRollouts`) and minirope's model card."""
 
 
 TRAINERS = {"grpo": MiniRopeGRPOTrainer, "dpo": MiniRopeDPOTrainer, "distill": MiniRopeDistillationTrainer}
