@@ -34,7 +34,7 @@ from minirope.posttraining.corpus import interpolate_weights  # noqa: E402
 from minirope.posttraining.measures import SAMPLING, TaskMeasure, sample  # noqa: E402
 from minirope.posttraining.parsing import parse_args  # noqa: E402
 from minirope.posttraining.reward_calls import own_pairs  # noqa: E402
-from minirope.posttraining.rollouts import lora_base_weights, mergeable, merged_adapter  # noqa: E402
+from minirope.posttraining.rollouts import lora_base_weights, lora_layers, mergeable, merged_adapter  # noqa: E402
 from minirope.posttraining.setup import prepare  # noqa: E402
 from minirope.posttraining.verse import training_prompts, validation_headers  # noqa: E402
 
@@ -189,20 +189,26 @@ def test_dpo_trains_on_a_preference_file(tiny_post, tiny_pretrained, tmp_path):
     assert any("rewards/chosen" in entry for entry in logged)  # DPO's implicit rewards: TRL's loop ran
 
 
+def merged_states_of_rollouts(trainer_class, monkeypatch) -> list[set[bool]]:
+    """A list that each call of TRL's `trainer_class._generate_single_turn` appends the `merged` states of the
+    trainer's LoRA layers to, as the call begins."""
+    states, generate_single_turn = [], trainer_class._generate_single_turn
+
+    def watched(trainer, *args, **kwargs):
+        states.append({layer.merged for layer in lora_layers(trainer.model)})
+        return generate_single_turn(trainer, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_class, "_generate_single_turn", watched)
+    return states
+
+
 def test_dpo_and_distillation_train_a_lora_adapter_with_use_peft(tiny_post, tiny_pretrained, tmp_path, monkeypatch):
     """`--use_peft` reaches DPO's and distillation's TRL trainers too: the merged folder loads, differs from the base
     (the trained weights are kept: `--keep_last`), and says LoRA in its summary; the student's completions came from
     its adapters as TRL runs them, dropout included (`--lora_dropout` 0.05: not merged)."""
-    from peft.tuners.lora import LoraLayer
     from trl import DistillationTrainer
 
-    completions, generate_single_turn = [], DistillationTrainer._generate_single_turn
-
-    def watched(trainer, *args, **kwargs):
-        completions.append({layer.merged for layer in trainer.model.modules() if isinstance(layer, LoraLayer)})
-        return generate_single_turn(trainer, *args, **kwargs)
-
-    monkeypatch.setattr(DistillationTrainer, "_generate_single_turn", watched)
+    completions = merged_states_of_rollouts(DistillationTrainer, monkeypatch)
     pairs = tmp_path / "pairs.jsonl"
     row = {"prompt": "ROMEO:\n", "chosen": "But soft, what light through yonder window breaks?\n", "rejected": "No.\n"}
     pairs.write_text("".join(json.dumps(row) + "\n" for _ in range(4)))
@@ -606,16 +612,9 @@ def test_grpo_with_use_peft_and_merge_lora_false_saves_an_adapter_that_loads(tin
     `AutoModelForCausalLM` onto the base model it names, and scoring as the run measured it. Without LoRA dropout,
     every rollout of TRL's trainer ran on the merged adapter."""
     from peft import AutoPeftModelForCausalLM
-    from peft.tuners.lora import LoraLayer
     from trl import GRPOTrainer
 
-    rollouts, generate_single_turn = [], GRPOTrainer._generate_single_turn
-
-    def watched(trainer, *args, **kwargs):
-        rollouts.append({layer.merged for layer in trainer.model.modules() if isinstance(layer, LoraLayer)})
-        return generate_single_turn(trainer, *args, **kwargs)
-
-    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", watched)
+    rollouts = merged_states_of_rollouts(GRPOTrainer, monkeypatch)
     out = tmp_path / "adapter"
     posttrain.run([*user_task(tmp_path, monkeypatch), "--model_name_or_path", str(tiny_pretrained), "--output_dir",
                    str(out), "--use_peft", "--lora_r", "4", "--lora_dropout", "0", "--merge_lora", "False",
@@ -641,7 +640,6 @@ def test_a_lora_model_samples_on_its_merged_adapter_and_gets_its_base_weights_ba
     an adapter, with bf16 base weights (whose rounding would move the base at every merge), or whose adapters apply
     dropout (training mode) runs as it is."""
     from peft import LoraConfig, get_peft_model
-    from peft.tuners.lora import LoraLayer
 
     torch.manual_seed(0)
     lora = LoraConfig(r=4, lora_dropout=0.1, target_modules=["q_proj", "v_proj", "down_proj"])
@@ -653,7 +651,7 @@ def test_a_lora_model_samples_on_its_merged_adapter_and_gets_its_base_weights_ba
     ids = torch.tensor([[1, 5, 9, 2]])
     greedy = {"max_new_tokens": 12, "do_sample": False, "pad_token_id": 0}
     unmerged = model.generate(input_ids=ids, **greedy)
-    layers = [layer for layer in model.modules() if isinstance(layer, LoraLayer)]
+    layers = lora_layers(model)
     with merged_adapter(model):
         assert all(layer.merged for layer in layers)
         assert torch.equal(model.generate(input_ids=ids, **greedy), unmerged)

@@ -16,11 +16,16 @@ from contextlib import contextmanager
 import torch
 
 
-def lora_base_weights(model) -> list[torch.Tensor]:
-    """The base weights under `model`'s LoRA layers (peft's `LoraLayer`s); none for a model without them."""
+def lora_layers(model) -> list:
+    """`model`'s LoRA layers (peft's `LoraLayer`s); none for a model without them."""
     from peft.tuners.lora import LoraLayer
 
-    return [module.get_base_layer().weight for module in model.modules() if isinstance(module, LoraLayer)]
+    return [module for module in model.modules() if isinstance(module, LoraLayer)]
+
+
+def lora_base_weights(model) -> list[torch.Tensor]:
+    """The base weights under `model`'s LoRA layers."""
+    return [layer.get_base_layer().weight for layer in lora_layers(model)]
 
 
 def mergeable(model) -> bool:
@@ -41,11 +46,10 @@ def mergeable(model) -> bool:
 
 def dropped_out(model) -> bool:
     """Whether `model`'s LoRA layers apply dropout now: in training mode with a `lora_dropout` above 0."""
-    from peft.tuners.lora import LoraLayer
-
-    layers = [module for module in model.modules() if isinstance(module, LoraLayer)]
     return model.training and any(
-        not isinstance(dropout, torch.nn.Identity) for layer in layers for dropout in layer.lora_dropout.values()
+        not isinstance(dropout, torch.nn.Identity)
+        for layer in lora_layers(model)
+        for dropout in layer.lora_dropout.values()
     )
 
 
