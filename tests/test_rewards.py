@@ -163,3 +163,17 @@ def test_word_variety_reward_pays_words_other_completions_do_not_use_on_three_li
     )
     # One line of words no one else uses earns a third of what three such lines earn: writing less is no way up.
     assert word_variety_reward(["Zounds, varlet, hie!\n", "Come\nsit\nhere\n"]) == pytest.approx([1 / 3, 1.0])
+
+
+def test_verse_measure_counts_lines_and_saves_them_under_the_run_summarys_names():
+    from minirope.posttraining.measures import TaskMeasure
+    from minirope.posttraining.verse import verse_measure
+
+    measure = verse_measure([f"{SCANS}\n{SONNET_12}\n", f"{ELEVEN}\n{SCANS}\n"])
+    saved = TaskMeasure(4, 2, {}, {}, 1.0, None, measure).as_dict()
+    # 4 lines, 3 scan (not ELEVEN), of which SONNET_12 alone is monosyllables only; SCANS twice: 3 distinct lines
+    assert {name: saved[name] for name in ("lines", "scan_share", "monosyllabic_scan_share", "distinct_share")} == {
+        "lines": 4, "scan_share": 0.75, "monosyllabic_scan_share": pytest.approx(1 / 3), "distinct_share": 0.75
+    }  # fmt: skip
+    assert {"iambic_share", "distinct_words_per_word"} <= saved.keys()
+    assert "monosyllables only" in measure.line()

@@ -15,7 +15,7 @@ On the held-out prompts (never trained on; `minirope.posttraining.data`):
 
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TypeVar
 
 import torch
@@ -281,7 +281,7 @@ class TaskMeasure:
             "prompts_with_alike_samples_share": self.alike_share,
             "prompts_solved_by_every_sample_share": self.solved_share,
             "sampled_cut_at_token_limit_share": self.cut_share,
-            **(self.verse.as_dict() if self.verse else {}),
+            **(asdict(self.verse) if self.verse else {}),
         }
 
     def line(self) -> str:

@@ -92,25 +92,15 @@ class VerseMeasure:
     lines: int
     scan_share: float
     iambic_share: float
-    monosyllabic_share: float
-    distinct_word_share: float
+    monosyllabic_scan_share: float
+    distinct_words_per_word: float
     distinct_share: float
-
-    def as_dict(self) -> dict:
-        return {
-            "lines": self.lines,
-            "scan_share": self.scan_share,
-            "iambic_share": self.iambic_share,
-            "monosyllabic_scan_share": self.monosyllabic_share,
-            "distinct_words_per_word": self.distinct_word_share,
-            "distinct_share": self.distinct_share,
-        }
 
     def line(self) -> str:
         return (
             f"{self.scan_share:.1%} of {self.lines} lines scan, {self.iambic_share:.1%} iambic, "
-            f"{self.monosyllabic_share:.1%} of scanning lines monosyllables only, "
-            f"{self.distinct_word_share:.3f} distinct words/word"
+            f"{self.monosyllabic_scan_share:.1%} of scanning lines monosyllables only, "
+            f"{self.distinct_words_per_word:.3f} distinct words/word"
         )
 
 
@@ -126,7 +116,7 @@ def verse_measure(completions: list[str], limit: int | None = LINES_PER_COMPLETI
         lines=len(lines),
         scan_share=len(scanning) / len(lines),
         iambic_share=sum(map(is_iambic, lines)) / len(lines),
-        monosyllabic_share=sum(polysyllables(line) == 0 for line in scanning) / max(1, len(scanning)),
-        distinct_word_share=len(set(words)) / max(1, len(words)),
+        monosyllabic_scan_share=sum(polysyllables(line) == 0 for line in scanning) / max(1, len(scanning)),
+        distinct_words_per_word=len(set(words)) / max(1, len(words)),
         distinct_share=len(set(lines)) / len(lines),
     )
