@@ -5,13 +5,14 @@ TRL's), each case in a process of its own (a heap is a process's).
     python benchmarks/lora_heap.py --model runs/smol
     python benchmarks/lora_heap.py --model runs/smol --mmap_thresholds 0 4194304 262144
 
-The step is `lora_mfu.py`'s (a GRPO step's shape: 16 x 80 tokens, the loss on the last 32 positions'
-log-probabilities), with activation checkpointing (the sized default for a released-size model) and LoRA r=16,
-dropout 0.05. While the first step runs, a thread reads glibc's `mallinfo2` every 0.5 ms: `live` is the heap's bytes
-in use plus the blocks glibc mmapped for large requests (the tensors held, and allocator overhead), `heap` the main
-heap's size. Then the step is timed (median of `--reps`). `--mmap_thresholds` repeats every case with glibc's mmap
-threshold fixed at each value (`mallopt(M_MMAP_THRESHOLD)`; 0: glibc's own, which rises each time a large block is
-freed, up to 32 MiB). One row per run goes to `--output` (JSON lines): the command, machine, versions and cases.
+The step is `lora_mfu.py`'s (a GRPO step's shape: 16 x 80 tokens, the loss on the last 32 positions' log-probabilities),
+with activation checkpointing (the sized default for a released-size model) and LoRA r=16, dropout 0.05. While the first
+step runs, a thread reads glibc's `mallinfo2` every 0.5 ms: `live` is the main heap's bytes in use plus the blocks glibc
+mmapped for large requests (the tensors held, and allocator overhead; the arenas of other threads, which `mallinfo2`
+does not report, are left out), `heap` the main heap's size. Then the step is timed (median of `--reps`).
+`--mmap_thresholds` repeats every case with glibc's mmap threshold fixed at each value (`mallopt(M_MMAP_THRESHOLD)`; 0:
+glibc's own, which rises each time a large block is freed, up to 32 MiB). One row per run goes to `--output` (JSON
+lines): the command, machine, versions and cases.
 """
 
 import argparse
@@ -27,10 +28,11 @@ from pathlib import Path
 
 import torch
 from bench_speed import append_jsonl, command_line, cpu_description  # this folder's helpers
-from lora_mfu import ROOT, load
+from lora_mfu import ROOT, load, step
 
 TARGETS = {"every linear layer": None, "q_proj, v_proj": ["q_proj", "v_proj"]}  # None: minirope's LORA_TARGETS
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+COMPLETION_TOKENS = 32  # of 80 tokens a row: a GRPO step's shape
 
 
 class MallInfo2(ctypes.Structure):
@@ -56,12 +58,6 @@ def one_case(model_path: str | None, targets: str, mmap_threshold: int, reps: in
     model.train()
     ids = torch.randint(0, model.config.vocab_size, (16, 80), generator=torch.Generator().manual_seed(0))
 
-    def step() -> None:
-        logits = model(input_ids=ids, logits_to_keep=33).logits[:, :-1]
-        logps = logits.float().log_softmax(-1).gather(-1, ids[:, -32:, None])
-        (-logps.mean()).backward()
-        model.zero_grad(set_to_none=True)
-
     peaks, running = {"live": 0, "heap": 0}, [True]
 
     def watch() -> None:
@@ -73,13 +69,13 @@ def one_case(model_path: str | None, targets: str, mmap_threshold: int, reps: in
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    step()
+    step(model, ids, COMPLETION_TOKENS)
     running[0] = False
     watcher.join()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        step()
+        step(model, ids, COMPLETION_TOKENS)
         times.append(time.perf_counter() - start)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     return {"live_gb": round(peaks["live"] / 2**30, 3), "heap_gb": round(peaks["heap"] / 2**30, 3),

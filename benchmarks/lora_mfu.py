@@ -52,16 +52,21 @@ def load(model: str | None, dtype: torch.dtype):
     return AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
 
 
+def step(model, ids: torch.Tensor, completion_tokens: int) -> None:
+    """One forward + backward pass: the mean log-probability of each sequence's last `completion_tokens` tokens
+    (TRL's per-token log-probabilities), as the loss; the gradients are dropped after."""
+    logits = model(input_ids=ids, logits_to_keep=completion_tokens + 1).logits[:, :-1]
+    logps = logits.float().log_softmax(-1).gather(-1, ids[:, -completion_tokens:, None])
+    (-logps.mean()).backward()
+    model.zero_grad(set_to_none=True)
+
+
 def step_seconds(model, ids: torch.Tensor, completion_tokens: int, reps: int) -> float:
-    """The median seconds of a forward + backward pass: the mean log-probability of each sequence's last
-    `completion_tokens` tokens (TRL's per-token log-probabilities), as the loss."""
+    """The median seconds of `step`, after a warm-up one."""
     times = []
     for rep in range(reps + 1):  # the first one warms up
         start = time.perf_counter()
-        logits = model(input_ids=ids, logits_to_keep=completion_tokens + 1).logits[:, :-1]
-        logps = logits.float().log_softmax(-1).gather(-1, ids[:, -completion_tokens:, None])
-        (-logps.mean()).backward()
-        model.zero_grad(set_to_none=True)
+        step(model, ids, completion_tokens)
         if rep:
             times.append(time.perf_counter() - start)
     return statistics.median(times)
