@@ -221,7 +221,10 @@ def posttrain_flags(root, model, method: str) -> list[str]:
             "--keep_last", "False", "--seed", "3"]  # fmt: skip
 
 
-@pytest.mark.parametrize("launcher, method", [("torchrun", "grpo"), ("accelerate", "dpo")])
+# DPO under accelerate in `make test-slow` (~50 s on a Zen 3); the default run launches accelerate with pretraining
+@pytest.mark.parametrize(
+    ("launcher", "method"), [("torchrun", "grpo"), pytest.param("accelerate", "dpo", marks=pytest.mark.slow)]
+)
 def test_posttraining_on_two_processes_measures_once_and_writes_one_folder(tiny_pretrained, tmp_path, monkeypatch,
                                                                            launcher, method):  # fmt: skip
     """`minirope-posttrain` under torchrun (GRPO) and `accelerate launch` (DPO, ranking its own samples) on 2 CPU

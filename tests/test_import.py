@@ -206,8 +206,12 @@ def test_an_unreachable_hub_id_is_one_line_exit_1_and_nothing_written(tmp_path):
     env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HUB_DISABLE_XET": "1", "HF_HUB_OFFLINE": "0",
            "HF_HOME": str(tmp_path / "hf-home")}  # fmt: skip
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "minirope.commands.import_model", "some-org/some-llama",
-                           "--output_dir", str(out)], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    # huggingface_hub retries a refused connection 5 times over 23 s of back-off: its sleeps skipped here, the command
+    # run as `python -m` runs it
+    command = ("import runpy, huggingface_hub.utils._http as http; http.time.sleep = lambda seconds: None; "
+               "runpy.run_module('minirope.commands.import_model', run_name='__main__')")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", command, "some-org/some-llama", "--output_dir", str(out)],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     lines = [line for line in done.stderr.splitlines() if line.startswith("minirope-import")]
     assert done.returncode == 1 and len(lines) == 1, done.stderr[-2000:]
     assert "some-org/some-llama" in lines[0] and "Traceback" not in done.stderr

@@ -73,7 +73,8 @@ def test_rotation_preserves_norm_and_scores_depend_only_on_relative_position():
 def test_compiled_length_dependent_types_follow_llama_past_the_tables():
     """`dynamic` and `longrope` rescale `inv_freq` with transformers' `dynamic_rope_update` (Llama's code); compiled,
     the tables follow the rescaled frequencies at every length, past the trained context and back (before 2026-11-24
-    a compiled graph kept the frequencies it was traced with)."""
+    a compiled graph kept the frequencies it was traced with). One graph for every length (`dynamic=True`): a graph
+    that baked in its first length's frequencies cannot pass."""
     import pytest
     from conftest import llama_twin, random_model
 
@@ -85,7 +86,7 @@ def test_compiled_length_dependent_types_follow_llama_past_the_tables():
     ):  # fmt: skip
         model = random_model(tiny_config(rope_parameters=rope_parameters))
         llama = llama_twin(model)
-        compiled = torch.compile(model.forward)
+        compiled = torch.compile(model.forward, dynamic=True)
         for length in (48, 20, 10, 70):  # the tables start at 32 positions
             ids = torch.randint(3, 97, (1, length), generator=torch.Generator().manual_seed(length))
             with torch.no_grad():
