@@ -1,9 +1,10 @@
 """Where a LoRA step's resident memory goes on a CPU: the tensors it holds at once against the heap glibc grows
-for them, for LoRA on every linear layer (minirope's targets) and on q_proj and v_proj (peft's default for Llama,
-TRL's), each case in a process of its own (a heap is a process's).
+for them, for LoRA on every linear layer (minirope's targets), on q_proj and v_proj (peft's default for Llama, TRL's)
+and on the MLP's three, each case in a process of its own (a heap is a process's).
 
     python benchmarks/lora_heap.py --model runs/smol
     python benchmarks/lora_heap.py --model runs/smol --mmap_thresholds 0 4194304 262144
+    python benchmarks/lora_heap.py --model runs/smol --targets mlp
 
 The step is `lora_mfu.py`'s (a GRPO step's shape: 16 x 80 tokens, the loss on the last 32 positions' log-probabilities),
 with activation checkpointing (the sized default for a released-size model) and LoRA r=16, dropout 0.05. While the first
@@ -30,7 +31,12 @@ import torch
 from bench_speed import append_jsonl, command_line, cpu_description  # this folder's helpers
 from lora_mfu import ROOT, load, step
 
-TARGETS = {"every linear layer": None, "q_proj, v_proj": ["q_proj", "v_proj"]}  # None: minirope's LORA_TARGETS
+TARGETS = {  # None: minirope's LORA_TARGETS
+    "every linear layer": None,
+    "q_proj, v_proj": ["q_proj", "v_proj"],
+    "gate_proj, up_proj, down_proj": ["gate_proj", "up_proj", "down_proj"],
+}
+TARGET_FLAGS = dict(zip(("all", "qv", "mlp"), TARGETS, strict=True))  # --targets
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 COMPLETION_TOKENS = 32  # of 80 tokens a row: a GRPO step's shape
 
@@ -87,6 +93,8 @@ def main() -> None:
     parser.add_argument("--model", help="a minirope folder; default: SmolLM2-135M-Instruct's GGUF")
     parser.add_argument("--mmap_thresholds", type=int, nargs="+", default=[0], help="bytes; 0: glibc's own")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--targets", nargs="+", choices=list(TARGET_FLAGS), default=["all", "qv"],
+                        help="the cases' LoRA targets: all (every linear layer), qv, mlp")  # fmt: skip
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "lora_heap.jsonl")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # "targets|threshold": one case, in a child process
     args = parser.parse_args()
@@ -99,7 +107,7 @@ def main() -> None:
 
     cases = []
     for threshold in args.mmap_thresholds:
-        for targets in TARGETS:
+        for targets in (TARGET_FLAGS[flag] for flag in args.targets):
             command = [sys.executable, __file__, "--case", f"{targets}|{threshold}", "--reps", str(args.reps)]
             command += ["--model", args.model] if args.model else []
             child = subprocess.run(command, capture_output=True, text=True, check=True)

@@ -194,6 +194,7 @@ def test_post_training_records_runs_interpolates_and_plots(tmp_path, tiny_pretra
 
 
 @pytest.mark.client
+@pytest.mark.slow  # a benchmark's smoke run (~40 s on a Zen 3); the arithmetic example below pretrains and post-trains
 def test_user_tasks_benchmark_pretrains_on_a_task_and_runs_grpo_with_its_flags(tmp_path):
     """benchmarks/user_tasks.py at a tiny size: the task's text and `datasets` folder written, a model pretrained on
     the text, GRPO with the reward module it writes beside them; one row appended with the measures and the machine."""
