@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 from bench_speed import append_jsonl, command_line, cpu_description  # this folder's helpers
-from lora_mfu import ROOT, load, step
+from lora_mfu import ROOT, checkpoint, load, lora, step
 
-TARGETS = {  # None: minirope's LORA_TARGETS
+TARGETS = {  # None: minirope's LORA_TARGETS (lora_mfu.lora's default)
     "every linear layer": None,
     "q_proj, v_proj": ["q_proj", "v_proj"],
     "gate_proj, up_proj, down_proj": ["gate_proj", "up_proj", "down_proj"],
@@ -48,19 +48,12 @@ class MallInfo2(ctypes.Structure):
 
 def one_case(model_path: str | None, targets: str, mmap_threshold: int, reps: int) -> dict:
     """The case in this process: peaks in GiB (live, heap, resident set) and the step's median seconds."""
-    from peft import LoraConfig, get_peft_model
-
-    from minirope.training.arguments import LORA_TARGETS
-
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = MallInfo2
     if mmap_threshold and not libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold):
         raise SystemExit(f"glibc refused an mmap threshold of {mmap_threshold} bytes")
-    model = load(model_path, torch.float32)
-    config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules=TARGETS[targets] or list(LORA_TARGETS))
-    model = get_peft_model(model, config)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.enable_input_require_grads()
+    model = lora(load(model_path, torch.float32), targets=TARGETS[targets])
+    checkpoint(model)
     model.train()
     ids = torch.randint(0, model.config.vocab_size, (16, 80), generator=torch.Generator().manual_seed(0))
 

@@ -74,35 +74,45 @@ def step_seconds(model, ids: torch.Tensor, completion_tokens: int, reps: int) ->
     return statistics.median(times)
 
 
-def cases(model, ids: torch.Tensor, completion_tokens: int, reps: int, with_compile: bool = False) -> dict[str, float]:
-    """Seconds per step of each case, on `model` and on LoRA adapters wrapped around it (peft's `get_peft_model`,
-    taken off again with `unload` between cases); with `with_compile`, the compiled case and its compilation's seconds
-    (`compiling`)."""
+def lora(model, dropout: float = 0.05, targets: list[str] | None = None):
+    """`model` with LoRA r=16, alpha 32 (TRL's `ModelConfig`) on `targets` (default: minirope's, every linear layer),
+    through peft's `get_peft_model`."""
     from peft import LoraConfig, get_peft_model
 
     from minirope.training.arguments import LORA_TARGETS
 
-    def lora(dropout: float):
-        config = LoraConfig(r=16, lora_alpha=32, lora_dropout=dropout, target_modules=list(LORA_TARGETS))
-        return get_peft_model(model, config)
+    config = LoraConfig(r=16, lora_alpha=32, lora_dropout=dropout, target_modules=targets or list(LORA_TARGETS))
+    return get_peft_model(model, config)
 
+
+def checkpoint(wrapped) -> None:
+    """Activation checkpointing on a LoRA-wrapped model, as the Trainer turns it on (non-reentrant, inputs that
+    require grad so the frozen embedding's output carries the gradient)."""
+    wrapped.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    wrapped.enable_input_require_grads()
+
+
+def cases(
+    model, ids: torch.Tensor, completion_tokens: int, reps: int, with_compile: bool = False
+) -> tuple[dict[str, float], float | None]:
+    """Seconds per step of each case, on `model` and on LoRA adapters wrapped around it (`lora`, taken off again with
+    `unload` between cases), and with `with_compile` the seconds of the compiled case's compilation (else None)."""
     model.train()
     seconds = {"full": step_seconds(model, ids, completion_tokens, reps)}
-    wrapped = lora(0.05)
+    wrapped, compiling = lora(model), None
     seconds["lora (lora_dropout 0.05)"] = step_seconds(wrapped, ids, completion_tokens, reps)
     if with_compile:
         compiled, start = torch.compile(wrapped), time.perf_counter()
         step(compiled, ids, completion_tokens)
-        seconds["compiling"] = time.perf_counter() - start
+        compiling = time.perf_counter() - start
         seconds["lora (lora_dropout 0.05), torch.compile"] = step_seconds(compiled, ids, completion_tokens, reps)
-    wrapped.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    wrapped.enable_input_require_grads()
+    checkpoint(wrapped)
     seconds["lora (lora_dropout 0.05) + checkpointing"] = step_seconds(wrapped, ids, completion_tokens, reps)
     model = wrapped.unload()
     model.gradient_checkpointing_disable()
     model.disable_input_require_grads()
-    seconds["lora (lora_dropout 0)"] = step_seconds(lora(0.0), ids, completion_tokens, reps)
-    return seconds
+    seconds["lora (lora_dropout 0)"] = step_seconds(lora(model, dropout=0.0), ids, completion_tokens, reps)
+    return seconds, compiling
 
 
 def main() -> None:
@@ -128,8 +138,7 @@ def main() -> None:
     )
     full_per_token = training_flops_per_token(model.config, args.tokens)
     lora_per_token = full_per_token - 2 * training_flops_per_token(model.config, 0) / 6  # 6N -> 4N
-    seconds = cases(model, ids, args.completion_tokens, args.reps, args.compile)
-    compiling = seconds.pop("compiling", None)
+    seconds, compiling = cases(model, ids, args.completion_tokens, args.reps, args.compile)
     peak, _ = matmul_peak_flops("cpu", dtype)
     tokens = args.rows * args.tokens
     rows = {}
