@@ -459,6 +459,7 @@ CASES = [
     (POSTTRAIN, [*GRPO, "--sft_train_file", "{w}/demos-*.jsonl"], "--sft_train_file {w}/demos-*.jsonl matches no file"),
     (POSTTRAIN, [*GRPO, "--sft_batch_size", "0"], "--sft_batch_size must be >= 1, got 0"),
     (POSTTRAIN, [*GRPO, "--sft_lm_coef", "-1"], "--sft_lm_coef must be >= 0, got -1"),
+    (POSTTRAIN, [*GRPO, "--heap_trim_seconds", "-1"], "--heap_trim_seconds must be >= 0, got -1"),
     (
         POSTTRAIN,
         [*DPO, "--reward_weights", "1"],

@@ -136,19 +136,22 @@ def test_lora_mfu_benchmark_times_full_and_lora_steps_and_counts_their_model_flo
 
 @pytest.mark.slow  # the suite's default run is at its time limit on a 2-core Zen 3: in `make test-slow`
 def test_lora_heap_benchmark_reads_each_case_in_a_process_of_its_own(tiny_pretrained, tmp_path):
-    """`benchmarks/lora_heap.py` on the tiny model, with glibc's threshold and a fixed one: four cases, each read from
-    its own process (live bytes within the heap and mmapped blocks, so at most the resident peak), in the row."""
+    """`benchmarks/lora_heap.py` on the tiny model, with glibc's threshold and a fixed one, the heap trimmed and not:
+    four cases, each read from its own process (live bytes within the heap and mmapped blocks, so at most the resident
+    peak), in the row."""
     pytest.importorskip("peft")
     output = tmp_path / "rows.jsonl"
     command = [sys.executable, str(BENCHMARKS / "lora_heap.py"), "--model", str(tiny_pretrained), "--reps", "1",
-               "--mmap_thresholds", "0", "262144", "--output", str(output)]  # fmt: skip
+               "--targets", "all", "--mmap_thresholds", "0", "262144", "--trim_seconds", "0", "0.5",
+               "--output", str(output)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = [json.loads(line) for line in output.read_text().splitlines()]
     assert row["command"].startswith("benchmarks/lora_heap.py") and row["machine"]["torch"] == torch.__version__
-    cases = [(case["targets"], case["mmap_threshold"]) for case in row["cases"]]
-    assert cases == [("every linear layer", 0), ("q_proj, v_proj", 0), ("every linear layer", 262144),
-                     ("q_proj, v_proj", 262144)]  # fmt: skip
+    cases = [(case["targets"], case["mmap_threshold"], case["trim_seconds"]) for case in row["cases"]]
+    assert cases == [("every linear layer", 0, 0), ("every linear layer", 0, 0.5), ("every linear layer", 262144, 0),
+                     ("every linear layer", 262144, 0.5)]  # fmt: skip
+    assert "| every linear layer | glibc's own | every 0.5 s |" in done.stdout
     for case in row["cases"]:
         assert 0 < case["live_gb"] <= case["peak_rss_gb"] and 0 < case["heap_gb"] <= case["peak_rss_gb"], case
         assert case["step_seconds"] > 0

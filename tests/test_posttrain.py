@@ -37,6 +37,7 @@ from minirope.posttraining.reward_calls import own_pairs  # noqa: E402
 from minirope.posttraining.rollouts import lora_base_weights, lora_layers, mergeable, merged_adapter  # noqa: E402
 from minirope.posttraining.setup import prepare  # noqa: E402
 from minirope.posttraining.verse import training_prompts, validation_headers  # noqa: E402
+from minirope.training.heap import malloc_trim  # noqa: E402
 
 # A few steps at the tiny model's size: 2 prompts x 2 completions of 8 tokens a step, 2 x 2 samples measured, a
 # warm start of 2 steps.
@@ -77,7 +78,7 @@ def summary(folder: Path) -> dict:
 
 
 def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model_that_loads(
-    tiny_post, tiny_pretrained, tmp_path, monkeypatch
+    tiny_post, tiny_pretrained, tmp_path, monkeypatch, capsys
 ):
     """The warm start (TRL's SFTTrainer on the verse task's demonstrations) moves the weights before GRPO, and GRPO's
     KL term is taken against the warm-started model (TRL loads its reference from the path the model's config
@@ -107,6 +108,8 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
         *TINY_GRPO, "--lm_coef", "0.5", "--sft_lm_coef", "1", "--lm_batch_size", "2", "--weight_interpolation", "0.5",
         "--beta", "0.04",  # a KL term (the default is 0): its reference model is the warm-started one
     ])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert ("heap's freed pages handed back to the system every 1 s" in printed) == (malloc_trim() is not None)
     loads_and_generates(out)
     start = load_file(tiny_pretrained / "model.safetensors")
     assert all(torch.equal(seen["reference"][name], seen["model"][name]) for name in start)

@@ -25,6 +25,7 @@ from transformers import set_seed
 
 from minirope.commands import run_cli
 from minirope.output.folder import remove_old_checkpoints
+from minirope.training.heap import trimmed_heap
 from minirope.training.precision import avoid_cudnn_attention, precision_name
 
 
@@ -36,8 +37,23 @@ def run(argv: list[str] | None = None) -> dict:
     """
     if importlib.util.find_spec("trl") is None:
         raise ValueError("minirope-posttrain runs TRL's trainers: install them with `pip install minirope[trl]`.")
-    from minirope.posttraining.pairs import own_preference_pairs
     from minirope.posttraining.parsing import parse_args
+    from minirope.posttraining.time_split import TimeSplit
+
+    split = TimeSplit()
+    args, config, model_args = parse_args(argv)
+    print(f"[minirope] {config.precision_line or f'precision: {precision_name(config)} (--bf16/--fp16 given)'}")
+    on_cpu = config.device.type == "cpu"
+    with trimmed_heap(active=on_cpu and args.heap_trim_seconds > 0, interval_s=args.heap_trim_seconds) as trimming:
+        if trimming:
+            print(f"[minirope] memory: the heap's freed pages handed back to the system every "
+                  f"{args.heap_trim_seconds:g} s (glibc's malloc_trim; --heap_trim_seconds 0: never)")  # fmt: skip
+        return post_train(args, config, model_args, split)
+
+
+def post_train(args, config, model_args, split) -> dict:
+    """`run`'s work once the flags are parsed: load, measure, warm start, train, keep, measure, write."""
+    from minirope.posttraining.pairs import own_preference_pairs
     from minirope.posttraining.report import write_run
     from minirope.posttraining.setup import (
         build_trainer,
@@ -49,12 +65,8 @@ def run(argv: list[str] | None = None) -> dict:
         prepare,
         warm_up,
     )
-    from minirope.posttraining.time_split import TimeSplit
     from minirope.posttraining.warm_start import finish_warm_start
 
-    split = TimeSplit()
-    args, config, model_args = parse_args(argv)
-    print(f"[minirope] {config.precision_line or f'precision: {precision_name(config)} (--bf16/--fp16 given)'}")
     set_seed(config.seed)
     avoid_cudnn_attention(config)  # padded batches
     with split.part("loading"):
