@@ -301,6 +301,7 @@ CASES = [
     (FINETUNE, ["--model_name_or_path", "{model}", "--output_dir", "{model}/tuned", *PLAY_DATA], "is inside"),
     (FINETUNE, ["--model_name_or_path", "{model}", "--output_dir", "{w}", *PLAY_DATA], "--output_dir {w} holds"),
     (FINETUNE, [*F, "--play", "hamlett"], "--play 'hamlett' is not in the corpus"),
+    (FINETUNE, [*F, *PLAY_DATA, "--heap_trim_seconds", "-1"], "--heap_trim_seconds must be >= 0 (0: never)"),
     (
         FINETUNE,
         ["--model_name_or_path", "{model}", "--output_dir", "{w}/notes", *PLAY_DATA],

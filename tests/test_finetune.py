@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from minirope import MiniRopeForCausalLM
 from minirope.commands import finetune
 from minirope.data.supervised import load_prompt_completion, prompt_completion_examples
+from minirope.training.heap import malloc_trim
 from minirope.training.metrics import IGNORE_INDEX
 
 FAST = ["--num_train_epochs", "2", "--per_device_train_batch_size", "4", "--torch_compile", "False",
@@ -34,13 +35,17 @@ def test_full_finetune_on_a_play_lowers_the_held_out_loss(tiny_pretrained, tmp_p
     )
 
 
-def test_lora_merged_and_adapter_only(tiny_pretrained, tmp_path):
+def test_lora_merged_and_adapter_only(tiny_pretrained, tmp_path, capsys):
+    trimmed = "heap's freed pages handed back to the system every 1 s"
     merged = finetune_run(tiny_pretrained, tmp_path / "merged", "--play", "the-tempest", "--lora")
+    assert (trimmed in capsys.readouterr().out) == (malloc_trim() is not None)
     adapter = finetune_run(
-        tiny_pretrained, tmp_path / "adapter", "--play", "the-tempest", "--lora", "--merge_lora", "False"
-    )
+        tiny_pretrained, tmp_path / "adapter", "--play", "the-tempest", "--lora", "--merge_lora", "False",
+        "--heap_trim_seconds", "0",
+    )  # fmt: skip
+    assert trimmed not in capsys.readouterr().out
     assert merged["after"]["eval_nats_per_token"] < merged["before"]["eval_nats_per_token"]
-    # the same training; only what is saved differs
+    # the same training (the heap trimmed or not); only what is saved differs
     assert adapter["after"]["eval_nats_per_token"] == merged["after"]["eval_nats_per_token"]
     assert (tmp_path / "merged" / "model.safetensors").is_file()
     assert not (tmp_path / "merged" / "adapter_config.json").exists()

@@ -49,6 +49,7 @@ from minirope.output.card import card_name, licence_of, model_card, optimizer_de
 from minirope.output.folder import check_previous_run, finish_run, remove_old_checkpoints
 from minirope.training.arguments import LORA_TARGETS, MiniRopeTrainingArguments, parse_cli_args, start_run
 from minirope.training.checkpoints import check_resume
+from minirope.training.heap import HEAP_TRIM_HELP, TRIM_INTERVAL_S, trimmed_training
 from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.precision import avoid_cudnn_attention
 from minirope.training.trainer import MiniRopeTrainer, final_evaluation
@@ -162,6 +163,12 @@ class FinetuningArguments(MiniRopeTrainingArguments):
     save_strategy: str = "epoch"
     save_total_limit: int | None = 1
     logging_steps: float = 5
+    heap_trim_seconds: float = field(default=TRIM_INTERVAL_S, metadata={"help": HEAP_TRIM_HELP})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.heap_trim_seconds < 0:
+            raise ValueError(f"--heap_trim_seconds must be >= 0 (0: never), got {self.heap_trim_seconds}.")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple:
@@ -210,6 +217,12 @@ def run(argv: list[str] | None = None) -> dict:
     """
     dataclasses = (ModelArguments, LoraArguments, FinetuneDataArguments, FinetuningArguments)
     model_args, lora_args, data_args, training_args, start = start_run(dataclasses, argv)
+    with trimmed_training(training_args.device.type == "cpu", training_args.heap_trim_seconds):
+        return fine_tune(model_args, lora_args, data_args, training_args, start)
+
+
+def fine_tune(model_args, lora_args, data_args, training_args, start) -> dict:
+    """`run`'s work once the flags are parsed: load, measure, train, measure, write."""
     avoid_cudnn_attention(training_args)  # padded batches
     check_output(start.output_dir, "--output_dir", {"--model_name_or_path": model_args.model_name_or_path})
     model, tokenizer = load_causal_lm(model_args, attn_implementation=training_args.attention())

@@ -25,7 +25,7 @@ from transformers import set_seed
 
 from minirope.commands import run_cli
 from minirope.output.folder import remove_old_checkpoints
-from minirope.training.heap import trimmed_heap
+from minirope.training.heap import trimmed_training
 from minirope.training.precision import avoid_cudnn_attention, precision_name
 
 
@@ -43,11 +43,7 @@ def run(argv: list[str] | None = None) -> dict:
     split = TimeSplit()
     args, config, model_args = parse_args(argv)
     print(f"[minirope] {config.precision_line or f'precision: {precision_name(config)} (--bf16/--fp16 given)'}")
-    on_cpu = config.device.type == "cpu"
-    with trimmed_heap(active=on_cpu and args.heap_trim_seconds > 0, interval_s=args.heap_trim_seconds) as trimming:
-        if trimming:
-            print(f"[minirope] memory: the heap's freed pages handed back to the system every "
-                  f"{args.heap_trim_seconds:g} s (glibc's malloc_trim; --heap_trim_seconds 0: never)")  # fmt: skip
+    with trimmed_training(config.device.type == "cpu", args.heap_trim_seconds):
         return post_train(args, config, model_args, split)
 
 

@@ -17,7 +17,7 @@ from minirope.data.pipeline import check_percentage
 from minirope.posttraining.reward_calls import REJECTED_BY
 from minirope.posttraining.verse import VERSE_REJECTED_BY, verse_rewards
 from minirope.training.arguments import LORA_TARGETS
-from minirope.training.heap import TRIM_INTERVAL_S
+from minirope.training.heap import HEAP_TRIM_HELP, TRIM_INTERVAL_S
 from minirope.training.precision import decide_bf16
 
 METHODS = ("grpo", "dpo", "distill")
@@ -198,14 +198,7 @@ class PosttrainArguments(ScriptArguments):
     overwrite_output_dir: bool = field(
         default=False, metadata={"help": "Replace a model of another architecture in --output_dir."}
     )
-    heap_trim_seconds: float = field(
-        default=TRIM_INTERVAL_S,
-        metadata={
-            "help": "On a CPU with glibc: hand the heap's freed pages back to the system every this many seconds "
-            "(malloc_trim), which holds a LoRA run near its tensors' memory (docs/performance.md: SmolLM2's GRPO "
-            "2.5 GB instead of 3.9, at ~1.1x the time); 0: never."
-        },
-    )
+    heap_trim_seconds: float = field(default=TRIM_INTERVAL_S, metadata={"help": HEAP_TRIM_HELP})
     eval_prompts: int | None = field(
         default=None,
         metadata={"help": "Held-out prompts measured before and after: default 16 speaker headers (verse), else all."},
