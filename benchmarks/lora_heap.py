@@ -73,7 +73,7 @@ def one_case(model_path: str | None, targets: str, mmap_threshold: int, trim_sec
             time.sleep(0.0005)
 
     watcher = threading.Thread(target=watch)
-    with trimmed_heap(active=trim_seconds > 0, interval_s=trim_seconds):
+    with trimmed_heap(interval_s=trim_seconds):  # 0: never
         watcher.start()
         step(model, ids, COMPLETION_TOKENS)
         running[0] = False
