@@ -417,7 +417,10 @@ def test_samples_read_each_prompt_once_and_equal_generates_num_return_sequences(
     assert batches[0] == 2 and batches[1:] == [8, 8]  # the prompts once, then every completion
 
 
-def test_the_measures_sample_the_first_eval_sampled_prompts_and_greedy_decode_all(tiny_pretrained):
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_measures_sample_the_first_eval_sampled_prompts_and_greedy_decode_all(tiny_pretrained, bf16):
+    """... in the run's precision: a bf16 run's completions come from forwards under bf16 autocast, as its trainer's
+    (accelerate's) forward computes; a float32 run's without autocast."""
     from types import SimpleNamespace
 
     from minirope.posttraining.measures import measure_task
@@ -425,10 +428,19 @@ def test_the_measures_sample_the_first_eval_sampled_prompts_and_greedy_decode_al
     model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
     tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
     rows = Dataset.from_dict({"prompt": ["ROMEO:\n", "JULIET:\n", "NURSE:\n"]})
-    calls = []
+    calls, autocast = [], set()
     reward = lambda completions, prompts, **kw: calls.append((prompts[0], len(completions))) or [1.0] * len(prompts)  # noqa: E731
     args = SimpleNamespace(eval_max_new_tokens=4, eval_samples_per_prompt=3, eval_sampled_prompts=2)
-    measured = measure_task(model, tokenizer, rows, [reward], args, SimpleNamespace(seed=0), None, False)
+    run = SimpleNamespace(seed=0, bf16=bf16, fp16=False)
+    hook = model.register_forward_pre_hook(
+        lambda module, inputs: autocast.add(
+            torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+        )
+    )
+    measured = measure_task(model, tokenizer, rows, [reward], args, run, None, False)
+    hook.remove()
+    assert autocast == {torch.bfloat16 if bf16 else None}
+    assert measured.precision == ("bf16" if bf16 else "float32") == measured.as_dict()["precision"]
     assert (measured.prompts, measured.sampled_prompts) == (3, 2)
     greedy, sampled = [("ROMEO:\n", 1), ("JULIET:\n", 1), ("NURSE:\n", 1)], [("ROMEO:\n", 3), ("JULIET:\n", 3)]
     assert sorted(calls) == sorted(greedy + sampled)  # greedy: every prompt; sampled: the first two, 3 each
@@ -1005,6 +1017,7 @@ def test_the_corpus_term_gives_the_same_update_with_gradient_accumulation(
         "--method", method, "--model_name_or_path", str(tiny_pretrained), *tiny_post, "--max_steps", "1", *own,
         "--optim", "sgd", "--learning_rate", "1", "--max_grad_norm", "0", "--lr_scheduler_type", "constant",
         "--lm_train_file", str(corpus), "--lm_coef", "1", "--sft_steps", "0",
+        "--bf16", "False",  # float32 on every CPU: a bf16 sum rounds at 2**-8 differently over 4 and 2 + 2 blocks
     ]  # fmt: skip
     runs = {
         "one": ["--per_device_train_batch_size", "4", "--lm_batch_size", "4"],

@@ -28,13 +28,14 @@ from minirope.posttraining.reward_calls import weighted_reward
 
 
 def held_out_score(model, tokenizer, held_out: Dataset, rewards: list, weights: list[float] | None, tokens: int,
-                   seed: int) -> float:  # fmt: skip
+                   seed: int, run=None) -> float:  # fmt: skip
     """The weighted sum of each reward's mean over one greedy completion (at most `tokens` new tokens) of each
-    held-out prompt; a reward that applies to none counts 0. `weights`: one per reward, None for 1 each."""
+    held-out prompt, generated in the precision of `run` (the method's TRL config; `measures.sample`); a reward
+    that applies to none counts 0. `weights`: one per reward, None for 1 each."""
     training = model.training
     devices = [model.device.index or 0] if model.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):  # the measure leaves training's random state as it was
-        means = reward_means(rewards, sample(model, tokenizer, held_out, 1, tokens, seed, GREEDY))
+        means = reward_means(rewards, sample(model, tokenizer, held_out, 1, tokens, seed, GREEDY, run))
     model.train(training)
     return weighted_sum(means, weights)
 

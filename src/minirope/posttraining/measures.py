@@ -33,6 +33,7 @@ from minirope.posttraining.reward_calls import call_reward, reward_name, weighte
 from minirope.posttraining.rollouts import merged_adapter
 from minirope.posttraining.verse import VerseMeasure, verse_measure
 from minirope.rewards import completion_text
+from minirope.training.precision import precision_name, run_autocast
 from minirope.training.trainer import MiniRopeTrainer
 
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 1.0}
@@ -116,19 +117,30 @@ def shared_prefill(model, inputs: dict, per_prompt: int) -> dict:
 
 
 def sample(
-    model, tokenizer, rows: Dataset, per_prompt: int, max_new_tokens: int, seed: int, settings: dict, batch: int = 256
+    model,
+    tokenizer,
+    rows: Dataset,
+    per_prompt: int,
+    max_new_tokens: int,
+    seed: int,
+    settings: dict,
+    run=None,
+    batch: int = 256,
 ) -> Samples:
     """`per_prompt` completions of each row's `prompt` with `generate()` and `settings` (`SAMPLING` or `GREEDY`),
-    seeded; prompts go left-padded, as many at a time as make at most `batch` sequences, each read once for all its
-    completions (`shared_prefill`). A completion ends at its first end-of-sequence token, which its token ids keep
-    and its text (decoded without special tokens) does not; conversational prompts get conversational completions
-    (`[{"role": "assistant", "content": text}]`): all as TRL's `GRPOTrainer` gives them to rewards.
+    seeded, in the precision the run trains in (`run`: the method's TRL config, whose bf16 or fp16 applies under
+    autocast as in its trainer's forward; None: float32; `run_autocast`); prompts go left-padded, as many at a time
+    as make at most `batch` sequences, each read once for all its completions (`shared_prefill`). A completion ends
+    at its first end-of-sequence token, which its token ids keep and its text (decoded without special tokens) does
+    not; conversational prompts get conversational completions (`[{"role": "assistant", "content": text}]`): all as
+    TRL's `GRPOTrainer` gives them to rewards. On a CPU with native bf16 products (2-core Zen 5), a bf16 run's
+    measures take 0.5-0.75x float32's time on SmolLM2 (docs/performance.md).
 
     On several processes (DDP: `accelerate launch`, torchrun) the main process samples and every process gets its
     samples (`on_main_process`): every process scores the same completions and takes the same decisions from them,
     and the sampling is not repeated on each."""
     return on_main_process(
-        lambda: generate_samples(model, tokenizer, rows, per_prompt, max_new_tokens, seed, settings, batch)
+        lambda: generate_samples(model, tokenizer, rows, per_prompt, max_new_tokens, seed, settings, run, batch)
     )
 
 
@@ -142,13 +154,21 @@ def end_of_sequence_ids(model, tokenizer) -> set[int]:
 
 @torch.no_grad()
 def generate_samples(
-    model, tokenizer, rows: Dataset, per_prompt: int, max_new_tokens: int, seed: int, settings: dict, batch: int = 256
+    model,
+    tokenizer,
+    rows: Dataset,
+    per_prompt: int,
+    max_new_tokens: int,
+    seed: int,
+    settings: dict,
+    run=None,
+    batch: int = 256,
 ) -> Samples:
     """`sample`'s completions, generated in this process (a LoRA model's on its merged adapter: `merged_adapter`)."""
     model.eval()
     torch.manual_seed(seed)
     prompt_rows = rows.to_list()
-    with merged_adapter(model):
+    with merged_adapter(model), run_autocast(run, model.device.type):
         ids, ended = completion_ids(model, tokenizer, prompt_rows, per_prompt, max_new_tokens, settings, batch)
     texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
     conversational = bool(prompt_rows) and is_conversational(prompt_rows[0])
@@ -263,6 +283,7 @@ class TaskMeasure:
     solved_share: float | None = None  # ... all at full credit (`solved_share`): a part of `alike_share`
     cut_share: float | None = None  # sampled completions cut at the token limit before they ended (`Samples`)
     max_new_tokens: int | None = None  # the limit
+    precision: str = "float32"  # the completions', the run's (`sample`)
 
     @property
     def failing_share(self) -> float | None:
@@ -281,6 +302,7 @@ class TaskMeasure:
             "prompts_with_alike_samples_share": self.alike_share,
             "prompts_solved_by_every_sample_share": self.solved_share,
             "sampled_cut_at_token_limit_share": self.cut_share,
+            "precision": self.precision,
             **(asdict(self.verse) if self.verse else {}),
         }
 
@@ -305,9 +327,9 @@ def measure_task(model, tokenizer, held_out: Dataset, rewards: list, args, confi
     `eval_samples_per_prompt` and `eval_max_new_tokens`, the method's TRL `config` the seed and the precision and
     device of the bits per byte, `text` the validation text (None: not measured)."""
     tokens, seed = args.eval_max_new_tokens, config.seed
-    greedy = sample(model, tokenizer, held_out, 1, tokens, seed, GREEDY)
+    greedy = sample(model, tokenizer, held_out, 1, tokens, seed, GREEDY, config)
     sampled_rows = held_out.select(range(min(len(held_out), args.eval_sampled_prompts or len(held_out))))
-    sampled = sample(model, tokenizer, sampled_rows, args.eval_samples_per_prompt, tokens, seed, SAMPLING)
+    sampled = sample(model, tokenizer, sampled_rows, args.eval_samples_per_prompt, tokens, seed, SAMPLING, config)
     texts = [completion_text(completion) for completion in sampled.completions]
     per_prompt = sampled.per_prompt
     examples = [
@@ -332,4 +354,5 @@ def measure_task(model, tokenizer, held_out: Dataset, rewards: list, args, confi
         solved_share=solved_share(values, getattr(config, "reward_weights", None)) if per_prompt > 1 else None,
         cut_share=sampled.cut_share,
         max_new_tokens=tokens,
+        precision=precision_name(config),
     )

@@ -20,7 +20,7 @@ def own_preference_pairs(setup, args, config) -> Dataset:
         ValueError: no prompt's samples differ in reward by the margin (naming the flags to change).
     """
     samples = sample(setup.model, setup.tokenizer, setup.data.pair_prompts, args.samples_per_prompt,
-                     args.eval_max_new_tokens, config.seed, SAMPLING)  # fmt: skip
+                     args.eval_max_new_tokens, config.seed, SAMPLING, config)  # fmt: skip
     pairs = own_pairs(samples, setup.rewards, args.min_reward_margin, config.reward_weights, args.rejected_by)
     if not pairs:
         raise ValueError(f"no preference pairs: no prompt's samples differ in reward by --min_reward_margin "

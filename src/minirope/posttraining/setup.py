@@ -97,7 +97,7 @@ def prepare(args, config, model_args) -> Setup:
     if teacher_path:
         teacher, teacher_tokenizer = load_causal_lm(ModelArguments(teacher_path, trust), **kwargs)
         check_teacher(tokenizer, teacher_tokenizer)
-    probe = sample(model, tokenizer, data.held_out.select(range(1)), 2, 16, config.seed, SAMPLING)
+    probe = sample(model, tokenizer, data.held_out.select(range(1)), 2, 16, config.seed, SAMPLING, config)
     check_rewards(rewards, probe.rows, probe.completions, probe.completion_ids)
     weight = f", weight {corpus.coef}" if corpus.shards else ""
     weight += f" (warm start {corpus.warm_coef})" if corpus.shards and warm else ""
@@ -151,7 +151,7 @@ def measure(setup: Setup, args, config):
     measured = measure_task(setup.model, setup.tokenizer, setup.data.held_out, setup.rewards, args, config,
                             setup.corpus.validation, setup.data.verse)  # fmt: skip
     sampled = f" ({measured.sampled_prompts} sampled)" if measured.sampled_prompts < measured.prompts else ""
-    print(f"[minirope] {measured.prompts} held-out prompts{sampled}: {measured.line()}")
+    print(f"[minirope] {measured.prompts} held-out prompts{sampled}, in {measured.precision}: {measured.line()}")
     return measured
 
 
@@ -224,13 +224,11 @@ def keep_best_callback(setup: Setup, args, config, before, split: TimeSplit) -> 
         return None
     weights = getattr(config, "reward_weights", None)
     held_out, tokens = setup.data.held_out, args.eval_max_new_tokens
-    keep = KeepBest(
-        split.timed(
-            lambda model: held_out_score(model, setup.tokenizer, held_out, setup.rewards, weights, tokens, config.seed)
-        ),  # fmt: skip
-        config.eval_steps,
-        keep_last=args.keep_last,
-    )
+
+    def score(model) -> float:  # in the method's precision (`config`), as its trainer computes
+        return held_out_score(model, setup.tokenizer, held_out, setup.rewards, weights, tokens, config.seed, config)
+
+    keep = KeepBest(split.timed(score), config.eval_steps, keep_last=args.keep_last)
     # a LoRA run starts from the adapter's first weights (B = 0: the model as it was), taken when training begins: no
     # copy of the base model is kept (full weights keep every trainable parameter)
     keep.start(held_out_value(before, config), None if setup.model_args.use_peft else setup.model)

@@ -1,6 +1,7 @@
 """bf16 or float32 for a run: decided by timing training-shaped matrix products of both on the running machine
 (`choose_bf16`), the same decision every run on a given CPU, printed with its figures."""
 
+import contextlib
 import time
 
 import torch
@@ -70,6 +71,14 @@ def choose_bf16(device: torch.device) -> tuple[bool, str]:
 def precision_name(args) -> str:
     """The precision `args` (a `TrainingArguments`, TRL's configs too) trains in: "fp16", "bf16" or "float32"."""
     return "fp16" if args.fp16 else "bf16" if args.bf16 else "float32"
+
+
+def run_autocast(args, device_type: str) -> contextlib.AbstractContextManager:
+    """The mixed precision `args` (a `TrainingArguments`, TRL's configs too; None: float32) trains in, for work a run
+    does outside the Trainer's step on the same weights (its held-out generation): `torch.autocast` to bf16 or
+    float16 on `device_type`, as accelerate wraps the trained model's forward, or no autocast for float32."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision_name(args) if args is not None else "")
+    return torch.autocast(device_type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 
 def decide_bf16(args) -> str | None:
