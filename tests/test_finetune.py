@@ -35,18 +35,28 @@ def test_full_finetune_on_a_play_lowers_the_held_out_loss(tiny_pretrained, tmp_p
     )
 
 
-def test_lora_merged_and_adapter_only(tiny_pretrained, tmp_path, capsys):
-    trimmed = "heap's freed pages handed back to the system every 1 s"
+def test_lora_merged_and_adapter_only(tiny_pretrained, tmp_path, capsys, monkeypatch):
+    """Also: the heap trimmed or not, and activation checkpointing sized on for a model above `RELEASED_SIZE` (here
+    0), train alike; a checkpointed step runs each layer's forward twice."""
+    from minirope.modeling_minirope import MiniRopeAttention
+
+    trimmed, sized = "heap's freed pages handed back to the system every 1 s", "activation checkpointing: on, sized"
+    forwards, attention = [], MiniRopeAttention.forward
+    monkeypatch.setattr(MiniRopeAttention, "forward", lambda *a, **k: forwards.append(1) or attention(*a, **k))
     merged = finetune_run(tiny_pretrained, tmp_path / "merged", "--play", "the-tempest", "--lora")
-    assert (trimmed in capsys.readouterr().out) == (malloc_trim() is not None)
+    out, plain = capsys.readouterr().out, len(forwards)
+    assert (trimmed in out) == (malloc_trim() is not None) and sized not in out
+    monkeypatch.setattr("minirope.training.sizing.RELEASED_SIZE", 0)
     adapter = finetune_run(
         tiny_pretrained, tmp_path / "adapter", "--play", "the-tempest", "--lora", "--merge_lora", "False",
         "--heap_trim_seconds", "0",
     )  # fmt: skip
-    assert trimmed not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert trimmed not in out and sized in out
+    assert len(forwards) - plain > plain  # the training steps' layers ran again in the backward pass
     assert merged["after"]["eval_nats_per_token"] < merged["before"]["eval_nats_per_token"]
-    # the same training (the heap trimmed or not); only what is saved differs
-    assert adapter["after"]["eval_nats_per_token"] == merged["after"]["eval_nats_per_token"]
+    # the same training (the heap trimmed or not, checkpointed or not); only what is saved differs
+    assert adapter["after"]["eval_nats_per_token"] == pytest.approx(merged["after"]["eval_nats_per_token"], rel=1e-5)
     assert (tmp_path / "merged" / "model.safetensors").is_file()
     assert not (tmp_path / "merged" / "adapter_config.json").exists()
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
@@ -145,3 +155,18 @@ def test_a_text_file_alone_fine_tunes_with_a_held_out_validation_loss(tiny_pretr
     result = finetune_run(tiny_pretrained, tmp_path / "out", "--train_file", str(tmp_path / "my.txt"))
     assert result["after"]["eval_nats_per_token"] < result["before"]["eval_nats_per_token"]
     assert json.loads((tmp_path / "out" / "eval_results.json").read_text())["eval_nats_per_token"] > 0
+
+
+@pytest.mark.parametrize("given", [[], ["--activation_checkpointing", "False"], ["--gradient_checkpointing", "False"]])
+def test_activation_checkpointing_is_sized_from_the_model_unless_given(given, tmp_path, monkeypatch):
+    from minirope.training.sizing import CHECKPOINTING, RELEASED_SIZE, sized_checkpointing
+
+    if given and given[0][2:] not in finetune.FinetuningArguments.__dataclass_fields__:
+        pytest.skip(f"{given[0]} is not a flag of this transformers")
+    *_, args = finetune.parse_args(["--model_name_or_path", "any", "--output_dir", str(tmp_path), *given])
+    line = sized_checkpointing(args, RELEASED_SIZE)
+    assert line is None and not getattr(args, CHECKPOINTING)  # a model this size: nothing changes
+    line = sized_checkpointing(args, 134_515_008)
+    assert (line is None) == bool(given) and getattr(args, CHECKPOINTING) == (not given)
+    if not given:
+        assert "134.5M parameters" in line and f"--{CHECKPOINTING} False" in line

@@ -52,6 +52,7 @@ from minirope.training.checkpoints import check_resume
 from minirope.training.heap import HEAP_TRIM_HELP, TRIM_INTERVAL_S, trimmed_training
 from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.precision import avoid_cudnn_attention
+from minirope.training.sizing import sized_checkpointing
 from minirope.training.trainer import MiniRopeTrainer, final_evaluation
 
 METRICS = ("eval_nats_per_token", "eval_perplexity", "eval_bits_per_byte")
@@ -232,6 +233,9 @@ def fine_tune(model_args, lora_args, data_args, training_args, start) -> dict:
         start.output_dir, model.config, overwrite=training_args.overwrite_output_dir, resuming=start.resume is not None
     )
     check_resume(start.resume, model.config, training_args.max_steps)
+    checkpointing = sized_checkpointing(training_args, model.num_parameters())
+    if checkpointing:
+        print(f"[minirope] {checkpointing}")
     data_args.block_size = data_args.block_size or default_block_size(model.config)
     if data_args.block_size > model.config.max_position_embeddings:
         raise ValueError(

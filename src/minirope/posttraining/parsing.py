@@ -19,7 +19,7 @@ from minirope.posttraining.arguments import (
     PosttrainModelConfig,
 )
 from minirope.posttraining.sizing import count_parameters, sized_defaults
-from minirope.training.arguments import json_arguments, read_arguments_file
+from minirope.training.arguments import given_flags, json_arguments, read_arguments_file
 
 
 @dataclass
@@ -114,11 +114,3 @@ def parse_args(argv: list[str] | None = None) -> tuple:
     parsed[0].given = given_flags(argv, arguments)
     parsed[0].sized = {name: value for name, value in sized.items() if name not in parsed[0].given}
     return parsed
-
-
-def given_flags(argv: list[str], arguments: dict) -> frozenset[str]:
-    """The flags the user set, by field name: each `--name` / `--name=value` (or `--name-with-dashes`) of `argv`,
-    and each key of the `--config` YAML file or JSON arguments file (`arguments`). A sized default or a measured
-    choice (`sizing`, the precision) applies only to a flag not among them, whatever value the user gave."""
-    named = {item[2:].split("=", 1)[0].replace("-", "_") for item in argv if item.startswith("--")}
-    return frozenset(named | set(arguments))

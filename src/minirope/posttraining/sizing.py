@@ -12,17 +12,12 @@ yet: no measure on a model this size. A flag given on the command line or in the
 the run prints the sized values it used.
 """
 
-from dataclasses import fields
-
 import torch
-from transformers import AutoModelForCausalLM, TrainingArguments
+from transformers import AutoModelForCausalLM
 
 from minirope.folders import ModelArguments, load_config
+from minirope.training.sizing import CHECKPOINTING, larger
 
-# transformers 5.24 renamed `gradient_checkpointing` (the floor's name) to `activation_checkpointing`
-CHECKPOINTING = next(name for name in ("activation_checkpointing", "gradient_checkpointing")
-                     if name in {item.name for item in fields(TrainingArguments)})  # fmt: skip
-RELEASED_SIZE = 20_000_000  # parameters: above, a released checkpoint (SmolLM2-135M: 134.5M), not a demo-sized model
 # measured on SmolLM2-135M-Instruct, 2-core AMD Zen 3 (docs/pretrained.md, "Post-training it")
 LARGER_MODEL = {
     # activation checkpointing: GRPO with LoRA on SmolLM2, 2 steps of 16 completions, peak RSS 6.24 -> 3.87 GB for
@@ -60,11 +55,6 @@ def count_parameters(model_name_or_path: str, revision: str = "main", trust_remo
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     return sum(parameter.numel() for parameter in model.parameters())
-
-
-def larger(parameters: int | None) -> bool:
-    """A model above `RELEASED_SIZE` parameters (None: unknown, the measured small-model defaults)."""
-    return parameters is not None and parameters > RELEASED_SIZE
 
 
 def sized_defaults(method: str, parameters: int | None, use_peft: bool = False) -> dict:

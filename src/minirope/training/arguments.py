@@ -185,7 +185,8 @@ def json_arguments(argv: list[str]) -> str | None:
 
 
 def parse_cli_args(dataclass_types: tuple, argv: list[str] | None = None) -> tuple:
-    """`HfArgumentParser` over `dataclass_types`; a single `.json` argument is read as a file of arguments.
+    """`HfArgumentParser` over `dataclass_types`; a single `.json` argument is read as a file of arguments. The last
+    dataclass (the `TrainingArguments`) gets `given`: the flags the user set (`given_flags`).
 
     Raises:
         ValueError: a flag outside its range (the dataclasses' checks), or an arguments file that is missing, not
@@ -193,9 +194,18 @@ def parse_cli_args(dataclass_types: tuple, argv: list[str] | None = None) -> tup
     """
     parser = HfArgumentParser(dataclass_types)
     argv = sys.argv[1:] if argv is None else argv
-    if json_arguments(argv):
-        return parser.parse_dict(read_arguments_file(argv[0]))
-    return parser.parse_args_into_dataclasses(args=argv)
+    file = read_arguments_file(argv[0]) if json_arguments(argv) else None
+    parsed = parser.parse_dict(file) if file is not None else parser.parse_args_into_dataclasses(args=argv)
+    parsed[-1].given = given_flags(argv, file or {})
+    return parsed
+
+
+def given_flags(argv: list[str], arguments: dict) -> frozenset[str]:
+    """The flags the user set, by field name: each `--name` / `--name=value` (or `--name-with-dashes`) of `argv`,
+    and each key of the `--config` YAML file or JSON arguments file (`arguments`). A sized default or a measured
+    choice (`sizing`, the precision) applies only to a flag not among them, whatever value the user gave."""
+    named = {item[2:].split("=", 1)[0].replace("-", "_") for item in argv if item.startswith("--")}
+    return frozenset(named | set(arguments))
 
 
 def reuse_freed_memory() -> bool:
