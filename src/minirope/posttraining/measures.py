@@ -13,6 +13,7 @@ On the held-out prompts (never trained on; `minirope.posttraining.data`):
   of monosyllables only and the distinct words per word (`verse_measure`).
 """
 
+import functools
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -80,15 +81,20 @@ def prompt_text(prompt, tokenizer: PreTrainedTokenizerBase) -> str:
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
 
 
-def on_main_process(work: Callable[[], T]) -> T:
-    """`work()` on the main process, its result sent to every process (`accelerate.utils.broadcast_object_list`);
-    `work()` itself with one process. `work` must not wait on the other processes (no collective inside it)."""
-    state = PartialState()
-    if state.num_processes == 1:
-        return work()
-    result = [work() if state.is_main_process else None]
-    broadcast_object_list(result, from_process=0)
-    return result[0]
+def on_main_process(work: Callable[..., T]) -> Callable[..., T]:
+    """`work` run on the main process, its result sent to every process (`accelerate.utils.broadcast_object_list`);
+    run in place with one process. `work` must not wait on the other processes (no collective inside it)."""
+
+    @functools.wraps(work)
+    def shared(*args, **kwargs) -> T:
+        state = PartialState()
+        if state.num_processes == 1:
+            return work(*args, **kwargs)
+        result = [work(*args, **kwargs) if state.is_main_process else None]
+        broadcast_object_list(result, from_process=0)
+        return result[0]
+
+    return shared
 
 
 def shared_prefill(model, inputs: dict, per_prompt: int) -> dict:
@@ -116,6 +122,16 @@ def shared_prefill(model, inputs: dict, per_prompt: int) -> dict:
             **cache_keyword(cache)}  # fmt: skip
 
 
+def end_of_sequence_ids(model, tokenizer) -> set[int]:
+    """The tokens that end a completion: the generation config's `eos_token_id` (one or a list, as TRL reads them)
+    and the tokenizer's."""
+    configured = model.generation_config.eos_token_id
+    configured = configured if isinstance(configured, list) else [configured]
+    return {token for token in [*configured, tokenizer.eos_token_id] if token is not None}
+
+
+@on_main_process
+@torch.no_grad()
 def sample(
     model,
     tokenizer,
@@ -136,35 +152,9 @@ def sample(
     TRL's `GRPOTrainer` gives them to rewards. On a CPU with native bf16 products (2-core Zen 5), a bf16 run's
     measures take 0.5-0.75x float32's time on SmolLM2 (docs/posttrain_speed.md).
 
-    On several processes (DDP: `accelerate launch`, torchrun) the main process samples and every process gets its
-    samples (`on_main_process`): every process scores the same completions and takes the same decisions from them,
-    and the sampling is not repeated on each."""
-    return on_main_process(
-        lambda: generate_samples(model, tokenizer, rows, per_prompt, max_new_tokens, seed, settings, run, batch)
-    )
-
-
-def end_of_sequence_ids(model, tokenizer) -> set[int]:
-    """The tokens that end a completion: the generation config's `eos_token_id` (one or a list, as TRL reads them)
-    and the tokenizer's."""
-    configured = model.generation_config.eos_token_id
-    configured = configured if isinstance(configured, list) else [configured]
-    return {token for token in [*configured, tokenizer.eos_token_id] if token is not None}
-
-
-@torch.no_grad()
-def generate_samples(
-    model,
-    tokenizer,
-    rows: Dataset,
-    per_prompt: int,
-    max_new_tokens: int,
-    seed: int,
-    settings: dict,
-    run=None,
-    batch: int = 256,
-) -> Samples:
-    """`sample`'s completions, generated in this process (a LoRA model's on its merged adapter: `merged_adapter`)."""
+    A LoRA model samples on its merged adapter (`merged_adapter`). On several processes (DDP: `accelerate launch`,
+    torchrun) the main process samples and every process gets its samples (`on_main_process`): every process scores
+    the same completions and takes the same decisions from them, and the sampling is not repeated on each."""
     model.eval()
     torch.manual_seed(seed)
     prompt_rows = rows.to_list()
@@ -179,7 +169,7 @@ def generate_samples(
 def completion_ids(
     model, tokenizer, prompt_rows: list[dict], per_prompt: int, max_new_tokens: int, settings: dict, batch: int
 ) -> tuple[list[list[int]], list[bool]]:
-    """`generate_samples`' token ids, each completion's up to and including its first end-of-sequence token, and
+    """`sample`'s token ids, each completion's up to and including its first end-of-sequence token, and
     whether it has one (False: cut at `max_new_tokens`)."""
     eos = end_of_sequence_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
