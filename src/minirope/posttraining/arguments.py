@@ -19,6 +19,7 @@ from minirope.posttraining.verse import VERSE_REJECTED_BY, verse_rewards
 from minirope.training.arguments import LORA_TARGETS
 from minirope.training.heap import HEAP_TRIM_HELP, TRIM_INTERVAL_S
 from minirope.training.precision import decide_bf16
+from minirope.training.sizing import CHECKPOINTING
 
 METHODS = ("grpo", "dpo", "distill")
 LM_COEF = {"grpo": 0.5, "dpo": 1.0, "distill": 0.0}  # measured in docs/verse_*.md
@@ -26,9 +27,6 @@ OWN_PAIR_PROMPTS, VERSE_PROMPTS = 4096, 1024  # --num_prompts' defaults: dpo's o
 SFT_STEPS = {"grpo": 300, "dpo": 300, "distill": 0}  # the warm start, measured in docs/verse_history.md
 SFT_BATCH_SIZE = 8  # the warm start's rows a step, measured in docs/verse_history.md
 SFT_LM_COEF = 0.5  # the corpus term's weight during the warm start, docs/verse_*.md
-
-
-RENAMED_CHECKPOINTING = "activation_checkpointing" in {item.name for item in fields(GRPOConfig)}
 
 
 def _listed(rewards: dict[str, float]) -> str:
@@ -363,7 +361,8 @@ class CpuDefaults:
     )
     save_strategy: str = retuned(GRPOConfig, "save_strategy", "no")
     logging_steps: float = retuned(GRPOConfig, "logging_steps", 10)
-    if RENAMED_CHECKPOINTING:  # transformers 5.24 renamed it, and warns when the old name is set (TRL sets True)
+    # transformers 5.24 renamed it (`CHECKPOINTING`), and warns when the old name is set (TRL sets True)
+    if CHECKPOINTING == "activation_checkpointing":
         activation_checkpointing: bool | None = retuned(GRPOConfig, "activation_checkpointing", False)
         gradient_checkpointing: bool | None = retuned(GRPOConfig, "gradient_checkpointing", None)
     else:
