@@ -153,7 +153,9 @@ def main() -> None:
         seconds["posttrain"] = timed(command("minirope-posttrain", *posttrain), folder)
         summary = json.loads((run_dir / "run_summary.json").read_text())
         row = {
-            "command": command_line(*(arg for arg in sys.argv[1:] if arg not in args.tasks), "--tasks", task),
+            "command": command_line(  # this task alone; --flags takes the rest of the line, so it stays last
+                "--tasks", task, *(arg for arg in sys.argv[1:] if arg not in (*args.tasks, "--tasks"))
+            ),
             "task": task,
             "size": args.size,
             "label": args.label,

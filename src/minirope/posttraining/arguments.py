@@ -334,22 +334,31 @@ class PosttrainModelConfig(ModelConfig):
         return {key: value for key, value in kwargs.items() if value is not None}
 
 
+# Why post-training stays in float32 on a CPU whose bf16 products are faster (2-core Zen 5 with AVX512_BF16, 2026-11-30;
+# docs/user_tasks.md, "bf16 or float32 on a CPU"): SmolLM2-135M with LoRA on docs/pretrained.md's largest-of-three
+# task gained +18.5/+22.0/+7.0 points in bf16 on seeds 1-3 against float32's +38.0/+25.5/+39.5 (float32 logits or
+# float32 LoRA sums did not close it); 0.42M models' `reverse` and `max` tasks gained as much or less in bf16 (69.0 and
+# 90.3 % against 71.0 and 90.3 %), in more time.
+POSTTRAINING_FLOAT32 = "GRPO learned less in bf16, or no more in more time (docs/user_tasks.md)"
+
+
 @dataclass
 class CpuDefaults:
-    """Defaults every method's TRL config takes here: the precision measured on the machine (bf16 where its products
-    run `BF16_MARGIN` times faster than float32's, as `minirope-pretrain` chooses: `decide_bf16`, whose line
-    `precision_line` holds; TRL's own default, bf16 everywhere, is emulated and slow on CPUs without AVX512_BF16, and
-    on an H200 needs cuDNN's attention off: `minirope.training.precision.avoid_cudnn_attention`), no checkpoints
-    (runs of minutes), a log line every 10 steps, no activation checkpointing (a model this small has nothing to
-    save), and with `--push_to_hub` one push of the finished folder (`--hub_strategy end`); on a machine without an
-    accelerator, `use_cpu` (so that several CPU processes are one distributed run, as `minirope-pretrain`'s)."""
+    """Defaults every method's TRL config takes here: float32 on a CPU (`POSTTRAINING_FLOAT32`: bf16 learned less,
+    even where its products run faster; the line `precision_line` holds gives their measured speed), bf16 on a GPU
+    that supports it (`decide_bf16`; TRL's own default is bf16 everywhere, emulated and slow on CPUs without
+    AVX512_BF16; on an H200 it needs cuDNN's attention off: `minirope.training.precision.avoid_cudnn_attention`), no
+    checkpoints (runs of minutes), a log line every 10 steps, no activation checkpointing (a model this small has
+    nothing to save), and with `--push_to_hub` one push of the finished folder (`--hub_strategy end`); on a machine
+    without an accelerator, `use_cpu` (so that several CPU processes are one distributed run, as
+    `minirope-pretrain`'s)."""
 
     bf16: bool | None = field(
         default=None,
         metadata={
-            "help": "bf16 mixed precision for the method and the warm start. Default: on where this "
-            "machine's bf16 matrix products run 1.5x faster than float32's or more (timed at start, printed; "
-            "minirope.training.precision.choose_bf16), else float32."
+            "help": "bf16 mixed precision for the method, the warm start and the measures. Default: on a GPU that "
+            "supports it; float32 on a CPU, where GRPO learned less in bf16 (or no more, slower) even where its "
+            "products run faster (their speed is timed at start and printed; docs/user_tasks.md)."
         },
     )
     use_cpu: bool | None = field(
@@ -382,7 +391,7 @@ class CpuDefaults:
     def __post_init__(self) -> None:
         if self.use_cpu is None:  # without it, accelerate runs each CPU process of torchrun as a run of its own
             self.use_cpu = not torch.accelerator.is_available()
-        self.precision_line = decide_bf16(self)  # None where --bf16 or --fp16 decided
+        self.precision_line = decide_bf16(self, POSTTRAINING_FLOAT32)  # None where --bf16 or --fp16 decided
         super().__post_init__()
 
 

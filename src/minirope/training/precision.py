@@ -49,11 +49,13 @@ def bf16_speedup(device: torch.device) -> float | None:
     return best[torch.float32] / best[torch.bfloat16]
 
 
-def choose_bf16(device: torch.device) -> tuple[bool, str]:
+def choose_bf16(device: torch.device, cpu_float32: str | None = None) -> tuple[bool, str]:
     """The default precision on `device`, and the line that says why.
 
     On CUDA, bf16 where the GPU supports it; on other accelerators float32; on a CPU, bf16 where its products run at
-    least `BF16_MARGIN` times faster than float32's (`bf16_speedup`), else float32.
+    least `BF16_MARGIN` times faster than float32's (`bf16_speedup`), else float32. `cpu_float32`: a measured reason
+    to train in float32 on a CPU whatever its products measure (post-training: `POSTTRAINING_FLOAT32`); the line
+    then gives the products' figure and that reason.
     """
     if device.type == "cuda":
         supported = torch.cuda.is_bf16_supported()
@@ -61,6 +63,11 @@ def choose_bf16(device: torch.device) -> tuple[bool, str]:
     speedup = bf16_speedup(device)
     if speedup is None:
         return False, f"precision: float32 (the default on {device.type})"
+    if cpu_float32:
+        return False, (
+            f"precision: float32 (bf16 products {speedup:.2g}x float32's on this CPU, but {cpu_float32}; --bf16 True "
+            f"decides instead)"
+        )
     bf16 = speedup >= BF16_MARGIN
     return bf16, (
         f"precision: {'bf16' if bf16 else 'float32'} (bf16 products {speedup:.2g}x float32's on this CPU; bf16 from "
@@ -81,14 +88,15 @@ def run_autocast(args, device_type: str) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 
-def decide_bf16(args) -> str | None:
+def decide_bf16(args, cpu_float32: str | None = None) -> str | None:
     """Set `args.bf16` (a `TrainingArguments`, TRL's configs too) where no flag set it (None) and `--fp16` is off:
-    `choose_bf16` on the device the run trains on (the CPU under `use_cpu` or without an accelerator). Returns the
-    line that says why, or None where a flag decided."""
+    `choose_bf16` on the device the run trains on (the CPU under `use_cpu` or without an accelerator; `cpu_float32`
+    as there). Returns the line that says why, or None where a flag decided."""
     if args.bf16 is not None or args.fp16:
         return None
     cpu = args.use_cpu or not torch.accelerator.is_available()
-    args.bf16, line = choose_bf16(torch.device("cpu") if cpu else torch.accelerator.current_accelerator())
+    device = torch.device("cpu") if cpu else torch.accelerator.current_accelerator()
+    args.bf16, line = choose_bf16(device, cpu_float32)
     return line
 
 
