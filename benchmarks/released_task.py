@@ -15,9 +15,12 @@ otherwise keeps the last number it reached, which GRPO learned to game). Each se
         --reward_funcs largest_rewards.final_number --use_peft True --seed <seed> --output_dir <output_dir>/seed-<seed>
 
 (and `--flags`), then scores the model given and the folder written on the 200 other problems (greedy, 16 new
-tokens, batches of 50). One row per seed goes to `--results` (JSON lines): the command, the machine and versions,
-both scores on the 200 problems, the run's own held-out measure before and after, the kept step, the time split and
-the peak resident set of the run's process.
+tokens, batches of 50). With `--trl_defaults` each seed runs what a user of TRL would run instead: TRL's
+`GRPOTrainer` with TRL's own defaults (GRPOConfig's learning rate, precision and checkpointing; LoRA from
+`ModelConfig(use_peft=True)`) at the batch, steps and completion length minirope sizes for the model, with both
+rewards; its adapter merged and scored alike. One row per seed goes to `--results` (JSON lines): the command, the
+machine and versions, both scores on the 200 problems, the run's own held-out measure before and after, the kept
+step, the time split (TRL's `train_runtime`) and the peak resident set of the run's process.
 """
 
 import argparse
@@ -35,6 +38,12 @@ import trl
 from bench_speed import append_jsonl, command_line, cpu_description  # this folder's helpers
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import minirope  # noqa: F401 - the Auto classes, for the folders a run writes
+from minirope.convert import to_llama
+from minirope.posttraining.sizing import count_parameters, sized_defaults
+
+GRPO_SIZED = ("max_steps", "per_device_train_batch_size", "num_generations", "max_completion_length")
 
 ASK = "Which is the largest of {}, {} and {}? Answer with just the number."
 REWARDS = '''import re
@@ -56,6 +65,27 @@ from minirope.commands import posttrain
 summary = posttrain.run(sys.argv[2:])
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 json.dump({"time_split": summary["time_split"], "peak_rss_gb": round(peak, 2)}, open(sys.argv[1], "w"))
+"""
+# --trl_defaults: TRL's `GRPOTrainer` with TRL's own defaults (GRPOConfig's learning rate, precision and checkpointing;
+# LoRA from `ModelConfig(use_peft=True)`) at the batch, steps and completion length minirope sizes for the model
+TRL_CHILD = """import json, resource, sys
+import largest_rewards
+import torch
+from datasets import load_from_disk
+from trl import GRPOConfig, GRPOTrainer, ModelConfig, get_peft_config
+out, model, seed, run_dir, sized = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
+config = GRPOConfig(output_dir=run_dir, seed=seed, report_to="none", save_strategy="no", logging_steps=5,
+                    use_cpu=not torch.cuda.is_available(), **sized)
+trainer = GRPOTrainer(model=model, reward_funcs=[largest_rewards.final_number, largest_rewards.overlong], args=config,
+                      train_dataset=load_from_disk("largest")["train"],
+                      peft_config=get_peft_config(ModelConfig(use_peft=True)))
+metrics = trainer.train().metrics
+targets = sorted(trainer.model.peft_config["default"].target_modules)
+trainer.model.merge_and_unload().save_pretrained(run_dir)
+trainer.processing_class.save_pretrained(run_dir)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+json.dump({"train_seconds": round(metrics["train_runtime"], 1), "learning_rate": config.learning_rate,
+           "bf16": config.bf16, "lora_target_modules": targets, "peak_rss_gb": round(peak, 2)}, open(out, "w"))
 """
 
 
@@ -95,18 +125,54 @@ def score(model_path: str, problems: list[dict]) -> float:
     return right / len(problems)
 
 
+def llama_export(model: str, folder: Path) -> Path:
+    """`folder/llama`: `model` as a plain `LlamaForCausalLM` folder (`minirope.convert.to_llama`: the same weights and
+    logits), what a TRL user runs; written once."""
+    llama = folder / "llama"
+    if not (llama / "config.json").is_file():
+        to_llama(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32), save_directory=llama)
+        AutoTokenizer.from_pretrained(model).save_pretrained(llama)
+    return llama
+
+
+def minirope_side(run_dir: Path) -> dict:
+    """What a minirope-posttrain run says of itself (`run_summary.json`): its own held-out measure before and after,
+    the steps measured and kept."""
+    summary = json.loads((run_dir / "run_summary.json").read_text())
+    return {
+        "held_out": {
+            "before": summary["before"]["rewards_greedy"]["final_number"],
+            "after": summary["after"]["rewards_greedy"]["final_number"],
+        },
+        "kept_step": summary["kept"]["kept_step"],
+        "measured": summary["kept"]["measured"],
+        "steps": summary["steps"],
+        "warm_start_steps": (summary["warm_start"] or {}).get("steps", 0),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="The released checkpoint's folder (minirope-import's).")
     parser.add_argument("--output_dir", type=Path, required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results" / "released_task.jsonl")
+    parser.add_argument("--trl_defaults", action="store_true",
+                        help="TRL's GRPOTrainer with TRL's own defaults (at minirope's sized batch, steps and length; "
+                        "both rewards) instead of minirope-posttrain.")  # fmt: skip
     parser.add_argument("--flags", nargs=argparse.REMAINDER, default=[], help="minirope-posttrain's extra flags.")
     args = parser.parse_args()
     folder = args.output_dir.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     problems = write_task(folder)
     model = str(Path(args.model).resolve())
+    sized = {name: value for name, value in sized_defaults("grpo", count_parameters(model)).items()
+             if name in GRPO_SIZED}  # fmt: skip
+    if args.trl_defaults and args.flags:
+        raise SystemExit("--trl_defaults runs TRL's own defaults; --flags are minirope-posttrain's: give one of them.")
+    if args.trl_defaults and not sized:
+        raise SystemExit(f"--trl_defaults: {args.model} is below the size minirope sizes GRPO for; give a released "
+                         f"checkpoint (SmolLM2-135M-Instruct: minirope-import's folder).")  # fmt: skip
     base = score(model, problems)
     print(f"{args.model}: {base:.1%} of the 200 other problems")
     for seed in args.seeds:
@@ -115,9 +181,14 @@ def main() -> None:
                  "largest_rewards.final_number", "--use_peft", "True", "--seed", str(seed), "--output_dir",
                  str(run_dir), "--overwrite_output_dir", "True", *args.flags]  # fmt: skip
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-c", CHILD, str(measured), *flags], cwd=folder, check=True)
+        if args.trl_defaults:
+            child = [TRL_CHILD, str(measured), str(llama_export(model, folder)), str(seed), str(run_dir),
+                     json.dumps(sized)]  # fmt: skip
+        else:
+            child = [CHILD, str(measured), *flags]
+        subprocess.run([sys.executable, "-c", *child], cwd=folder, check=True)
         seconds = round(time.perf_counter() - started, 1)
-        summary = json.loads((run_dir / "run_summary.json").read_text())
+        side = {"trl_defaults": True, "steps": sized["max_steps"]} if args.trl_defaults else minirope_side(run_dir)
         row = {
             "command": command_line(),
             "date": time.strftime("%Y-%m-%d"),
@@ -131,14 +202,7 @@ def main() -> None:
             "seed": seed,
             "flags": args.flags,
             "other_problems": {"before": base, "after": score(str(run_dir), problems), "count": len(problems)},
-            "held_out": {
-                "before": summary["before"]["rewards_greedy"]["final_number"],
-                "after": summary["after"]["rewards_greedy"]["final_number"],
-            },  # fmt: skip
-            "kept_step": summary["kept"]["kept_step"],
-            "measured": summary["kept"]["measured"],
-            "steps": summary["steps"],
-            "warm_start_steps": (summary["warm_start"] or {}).get("steps", 0),
+            **side,
             "wall_seconds": seconds,
             **json.loads(measured.read_text()),
         }

@@ -83,6 +83,18 @@ def test_posttrain_speed_runs_trl_and_minirope_side_by_side_for_one_step(tiny_pr
     assert row["command"].startswith("benchmarks/posttrain_speed.py") and "minirope / TRL" in done.stdout
 
 
+def test_released_task_benchmark_refuses_trl_defaults_for_a_model_it_does_not_size(tiny_pretrained, tmp_path):
+    """`--trl_defaults` runs TRL's side at the batch and steps minirope sizes for a released checkpoint; a model
+    below that size is refused before any work, naming the fix."""
+    pytest.importorskip("trl")
+    rows = tmp_path / "rows.jsonl"
+    command = [sys.executable, str(BENCHMARKS / "released_task.py"), "--model", str(tiny_pretrained), "--output_dir",
+               str(tmp_path / "runs"), "--seeds", "1", "--results", str(rows), "--trl_defaults"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "--trl_defaults" in done.stderr and "released checkpoint" in done.stderr
+    assert not rows.exists() and not (tmp_path / "runs" / "seed-1").exists()
+
+
 @pytest.mark.slow  # 40 s on a 2-core Zen 3: in `make test-slow`, to keep the default run inside its time
 @pytest.mark.client
 def test_released_task_benchmark_runs_a_seed_and_scores_it_on_the_other_problems(tiny_pretrained, tmp_path):
