@@ -166,8 +166,10 @@ def main() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     problems = write_task(folder)
     model = str(Path(args.model).resolve())
-    sized = {name: value for name, value in sized_defaults("grpo", count_parameters(model)).items()
-             if name in GRPO_SIZED}  # fmt: skip
+    sized = {}  # TRL's side: the batch, steps and length minirope sizes for the model
+    if args.trl_defaults:
+        sized = {name: value for name, value in sized_defaults("grpo", count_parameters(model)).items()
+                 if name in GRPO_SIZED}  # fmt: skip
     if args.trl_defaults and args.flags:
         raise SystemExit("--trl_defaults runs TRL's own defaults; --flags are minirope-posttrain's: give one of them.")
     if args.trl_defaults and not sized:
@@ -177,15 +179,15 @@ def main() -> None:
     print(f"{args.model}: {base:.1%} of the 200 other problems")
     for seed in args.seeds:
         run_dir, measured = folder / f"seed-{seed}", folder / f"seed-{seed}.json"
-        flags = ["--method", "grpo", "--model_name_or_path", model, "--dataset_name", "largest", "--reward_funcs",
-                 "largest_rewards.final_number", "--use_peft", "True", "--seed", str(seed), "--output_dir",
-                 str(run_dir), "--overwrite_output_dir", "True", *args.flags]  # fmt: skip
         started = time.perf_counter()
         if args.trl_defaults:
             child = [TRL_CHILD, str(measured), str(llama_export(model, folder)), str(seed), str(run_dir),
                      json.dumps(sized)]  # fmt: skip
         else:
-            child = [CHILD, str(measured), *flags]
+            child = [CHILD, str(measured), "--method", "grpo", "--model_name_or_path", model, "--dataset_name",
+                     "largest", "--reward_funcs", "largest_rewards.final_number", "--use_peft", "True", "--seed",
+                     str(seed), "--output_dir", str(run_dir), "--overwrite_output_dir", "True",
+                     *args.flags]  # fmt: skip
         subprocess.run([sys.executable, "-c", *child], cwd=folder, check=True)
         seconds = round(time.perf_counter() - started, 1)
         side = {"trl_defaults": True, "steps": sized["max_steps"]} if args.trl_defaults else minirope_side(run_dir)
