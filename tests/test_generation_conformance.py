@@ -3,7 +3,8 @@
 import pytest
 import torch
 from conftest import llama_twin, random_model, tiny_config
-from transformers import TextStreamer
+from transformers import GenerationConfig, TextStreamer
+from transformers.generation import ContinuousBatchingConfig
 
 from minirope.data.tokenizer import train_tokenizer
 
@@ -99,3 +100,28 @@ def test_compiled_forward_with_static_cache_matches_eager(pair):
     compiled.forward = torch.compile(compiled.forward, fullgraph=True, dynamic=False)
     ours = compiled.generate(PROMPT, do_sample=False, max_new_tokens=12, cache_implementation="static", pad_token_id=0)
     assert torch.equal(ours, greedy[:, : ours.shape[1]])
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "paged|eager"])
+def test_continuous_batching_generates_as_llama_and_as_plain_greedy(pair, attn):
+    """transformers' continuous batching (`generate_batch`: prompts of different lengths packed into one row, a
+    `PagedAttentionCache`, positions given per token; what `transformers serve --continuous-batching` and TRL's
+    `use_transformers_continuous_batching` run) gives Llama's tokens, and each prompt's greedy `generate()` tokens."""
+    model, _ = pair
+    paged = random_model(tiny_config("gqa"), attn=attn)  # same seed: the pair's weights
+    prompts = [PROMPT[0].tolist(), [9, 4, 22], [3, 14, 15, 92, 65, 35]]
+    config = GenerationConfig(do_sample=False, max_new_tokens=12, pad_token_id=0)
+    pages = ContinuousBatchingConfig(page_size=16, num_blocks=16, max_batch_tokens=64)  # sized for the prompts
+    ours, theirs = (
+        {
+            tuple(out.prompt_ids): out.generated_tokens
+            for out in each.generate_batch(
+                prompts, config, continuous_batching_config=pages, progress_bar=False
+            ).values()
+        }
+        for each in (paged, llama_twin(paged, attn=attn))
+    )
+    for prompt in prompts:
+        greedy = model.generate(torch.tensor([prompt]), generation_config=config)[0, len(prompt) :].tolist()
+        assert len(greedy) == 12
+        assert ours[tuple(prompt)] == theirs[tuple(prompt)] == greedy

@@ -1,4 +1,5 @@
-"""The one place where minirope's model files meet a rename in transformers: the KV cache's keyword.
+"""The one place where minirope's model files meet a rename in transformers: the KV cache's keyword (and with it,
+who writes a continuous-batching cache).
 
 transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache` (model forwards,
 `create_causal_mask`, `BaseModelOutputWithPast`, `generate()`'s calls); 5.23 uses `past_key_values`. A saved
@@ -11,6 +12,7 @@ Shipped with `modeling_minirope.py` as remote code: imports only torch and trans
 
 from collections.abc import Callable
 
+import torch
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils.deprecation import deprecate_kwarg
@@ -52,6 +54,25 @@ def cache_argument(cache: Cache | None, kwargs: dict) -> Cache | None:
 def cache_keyword(cache: Cache | None) -> dict:
     """`{CACHE_NAME: cache}`: the cache as a keyword for a transformers function or output class of this version."""
     return {CACHE_NAME: cache}
+
+
+def update_cache(
+    cache: Cache | object, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, kwargs: dict
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """A layer's new keys and values `(B, H_kv, T, d)` written into `cache`, as Llama's attention writes them: the keys
+    and values to attend over, and the keyword arguments for the attention function.
+
+    A `Cache` (`DynamicCache`, `StaticCache`, ...) is updated and returns the whole `(B, H_kv, S, d)`. A
+    `PagedAttentionCache` (transformers' continuous batching: `generate_batch`, `transformers serve`, TRL's
+    `use_transformers_continuous_batching`) is not a `Cache`: where transformers names the cache `cache` (5.24 and
+    later) its `update` also fills the paged kernel's arguments into `kwargs`; on 5.23 the paged attention function
+    writes it itself, from its `cache` keyword.
+    """
+    if isinstance(cache, Cache):
+        return *cache.update(key_states, value_states, layer_idx), kwargs
+    if CACHE_NAME == "cache":
+        return *cache.update(key_states, value_states, layer_idx, kwargs=kwargs), kwargs
+    return key_states, value_states, {**kwargs, "cache": cache}
 
 
 def cache_of(output: BaseModelOutputWithPast) -> Cache | None:

@@ -37,7 +37,7 @@ from transformers.utils import TransformersKwargs
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
-from .compat_minirope import cache_argument, cache_keyword, cache_of, old_cache_name
+from .compat_minirope import cache_argument, cache_keyword, cache_of, old_cache_name, update_cache
 from .configuration_minirope import MiniRopeConfig
 from .kernels_minirope import eager_attention_forward, embed_token_ids, fused_causal_lm_loss
 from .loading_minirope import MiniRopeLoadingMixin
@@ -111,7 +111,7 @@ class MiniRopeAttention(nn.Module):
         query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
 
         if cache is not None:
-            key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
+            key_states, value_states, kwargs = update_cache(cache, key_states, value_states, self.layer_idx, kwargs)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -243,7 +243,9 @@ class MiniRopeModel(MiniRopePreTrainedModel):
                 With left padding, `generate()` passes `cumsum(attention_mask) - 1`, so each sequence starts
                 at position 0 whatever its padding.
             cache: a transformers `Cache` (e.g. `DynamicCache`, `StaticCache`) to read and extend. Also taken as
-                `past_key_values`, its name before transformers 5.24 (which `generate()` of 5.23 passes).
+                `past_key_values`, its name before transformers 5.24 (which `generate()` of 5.23 passes). Or the
+                `PagedAttentionCache` of transformers' continuous batching (`generate_batch()`), which gives
+                `position_ids`.
             use_cache: create and return a `DynamicCache` when none is given.
 
         Returns:
@@ -261,11 +263,17 @@ class MiniRopeModel(MiniRopePreTrainedModel):
             inputs_embeds = embed_token_ids(self.embed_tokens, input_ids, self.config.vocab_size)
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
-        past_seen_tokens = cache.get_seq_length() if cache is not None else 0
-        if position_ids is None:  # past_len .. past_len + T - 1, one row for the batch
-            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)[None] + past_seen_tokens
-        if not torch.compiler.is_compiling():  # lengths known on the host: no device read
-            self.rotary_emb.grow(past_seen_tokens + inputs_embeds.shape[1])
+        if cache is None or isinstance(cache, Cache):
+            past_seen_tokens = cache.get_seq_length() if cache is not None else 0
+            if position_ids is None:  # past_len .. past_len + T - 1, one row for the batch
+                position_ids = (
+                    torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)[None] + past_seen_tokens
+                )
+            longest = past_seen_tokens + inputs_embeds.shape[1]  # known on the host: no device read
+        else:  # transformers' continuous batching: a `PagedAttentionCache`, each packed token's position given
+            longest = int(position_ids.max()) + 1
+        if not torch.compiler.is_compiling():
+            self.rotary_emb.grow(longest)
 
         causal_mask = create_causal_mask(
             config=self.config,
