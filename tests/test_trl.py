@@ -1,5 +1,6 @@
 """TRL: `SFTTrainer` fine-tunes a minirope folder given by its path, as in the README, and saves a folder
-that reloads (with minirope installed, and as remote code)."""
+that reloads (with minirope installed, and as remote code); `GRPOTrainer` samples through transformers' continuous
+batching."""
 
 import pytest
 import torch
@@ -43,3 +44,43 @@ def test_sft_trainer_trains_from_a_folder_path_and_saves_a_folder_that_reloads(t
     for name, param in reloaded.state_dict().items():
         assert torch.equal(param, trained[name]), name
     assert (tmp_path / "saved" / "modeling_minirope.py").is_file()  # still loads where minirope is not installed
+
+
+def length_reward(completions, **kwargs):
+    return [float(len(completion)) for completion in completions]
+
+
+def test_grpo_trainer_samples_through_transformers_continuous_batching(tiny_pretrained, tmp_path):
+    """TRL's `use_transformers_continuous_batching`: the rollouts come from `generate_batch` (a paged cache, positions
+    given per token), which minirope's forward used to reject; GRPO then trains on them."""
+    trl = pytest.importorskip("trl")
+    prompts = ["To be, or not", "Who's there?", "My lord, I", "Good night, sweet"]
+    config = trl.GRPOConfig(
+        output_dir=str(tmp_path / "grpo"),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        use_transformers_continuous_batching=True,
+        transformers_continuous_batching_config={"num_blocks": 16, "page_size": 16},  # unsized: the RAM's half
+        model_init_kwargs={"trust_remote_code": True},
+    )
+    trainer = trl.GRPOTrainer(
+        model=str(tiny_pretrained),
+        reward_funcs=length_reward,
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+    )
+    before = {name: param.detach().clone() for name, param in trainer.model.named_parameters()}
+    trainer.train()
+    lengths = [
+        entry["completions/mean_length"] for entry in trainer.state.log_history if "completions/mean_length" in entry
+    ]
+    assert len(lengths) == 2 and all(length > 0 for length in lengths)
+    assert any(not torch.equal(before[name], param) for name, param in trainer.model.named_parameters())
