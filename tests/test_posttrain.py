@@ -878,6 +878,9 @@ def test_a_released_size_model_gets_defaults_sized_for_it_and_a_given_flag_wins(
     _, config, _ = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--config",
                                str(tmp_path / "run.yaml")])  # fmt: skip
     assert config.num_generations == 4 and config.max_steps == LARGER_MODEL["grpo"]["max_steps"]
+    big = str(tmp_path / "big")
+    _, config, _ = parse_args(["--method", "distill", "--model", big, "--teacher_model_name_or_path", big])
+    assert (config.max_steps, config.max_completion_length) == (20, 32) != (200, 64)  # the method's own: 200, 64
     args, config, _ = parse_args(["--model", str(tiny_pretrained), "--dataset_name", "d"])
     assert args.sized == {} and config.max_steps == 300 and args.eval_prompts is None
 
