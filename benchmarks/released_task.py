@@ -4,6 +4,8 @@ several seeds, each scored on problems that no run trains or measures on.
     python benchmarks/released_task.py --model runs/smol --output_dir runs/released --seeds 1 2 3
     python benchmarks/released_task.py --model runs/smol --output_dir runs/released --seeds 1 2 3 \\
         --flags --reward_funcs largest_rewards.final_number largest_rewards.overlong
+    python benchmarks/released_task.py --model runs/smol --output_dir runs/distilled --seeds 1 2 3 \\
+        --flags --method distill --teacher_model_name_or_path runs/released/seed-1   # a teacher GRPO trained
 
 The task is docs/pretrained.md's: "Which is the largest of 51, 29 and 60? Answer with just the number." as a
 conversation (2,000 rows with their `solution`, of which the run holds out 5 %; 200 other problems kept aside), the
@@ -14,13 +16,14 @@ otherwise keeps the last number it reached, which GRPO learned to game). Each se
     minirope-posttrain --method grpo --model_name_or_path <model> --dataset_name largest \\
         --reward_funcs largest_rewards.final_number --use_peft True --seed <seed> --output_dir <output_dir>/seed-<seed>
 
-(and `--flags`), then scores the model given and the folder written on the 200 other problems (greedy, 16 new
-tokens, batches of 50). With `--trl_defaults` each seed runs what a user of TRL would run instead: TRL's
-`GRPOTrainer` with TRL's own defaults (GRPOConfig's learning rate, precision and checkpointing; LoRA from
-`ModelConfig(use_peft=True)`) at the batch, steps and completion length minirope sizes for the model, with both
-rewards; its adapter merged and scored alike. One row per seed goes to `--results` (JSON lines): the command, the
-machine and versions, both scores on the 200 problems, the run's own held-out measure before and after, the kept
-step, the time split (TRL's `train_runtime`) and the peak resident set of the run's process.
+(and `--flags`, the last of a flag given twice winning: `--method distill` with a teacher), then scores the model
+given and the folder written on the 200 other problems (greedy, 16 new tokens, batches of 50). With `--trl_defaults`
+each seed runs what a user of TRL would run instead: TRL's `GRPOTrainer` with TRL's own defaults (GRPOConfig's
+learning rate, precision and checkpointing; LoRA from `ModelConfig(use_peft=True)`) at the batch, steps and completion
+length minirope sizes for the model, with both rewards; its adapter merged and scored alike. One row per seed goes to
+`--results` (JSON lines): the command, the machine and versions, both scores on the 200 problems, the run's own
+held-out measure before and after, the kept step, the time split (TRL's `train_runtime`) and the peak resident set of
+the run's process.
 """
 
 import argparse

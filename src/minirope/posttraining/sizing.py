@@ -8,7 +8,7 @@ parameters, the defaults in `LARGER_MODEL` take their place (fewer, smaller step
 warm start at its own learning rate; GRPO's LoRA adapter at `LARGER_LORA`'s), measured so that `minirope-posttrain
 --method grpo --use_peft True` with no other flag finishes within 20 minutes on 2 cores on SmolLM2-135M-Instruct
 (16 min 7 s, held-out exact match 0 -> 81.5 %; `--method dpo` 17 min 17 s; `--method distill` from a GRPO-trained
-teacher 6 min, 27.0 -> 63.5 %). A flag given on the command line or in the `--config` file always wins, and
+teacher 6 min, 27.0 -> 63.5-69.0 %). A flag given on the command line or in the `--config` file always wins, and
 the run prints the sized values it used.
 """
 
@@ -34,7 +34,8 @@ LARGER_MODEL = {
     "dpo": {"num_prompts": 128},  # its own pairs: 128 prompts sampled --samples_per_prompt (8) times
     # GRPO's step on SmolLM2 (16 sampled completions of 32 tokens a step; 16 is the method's own batch): with LoRA,
     # the base as the student and a GRPO-trained copy as the teacher (65.0 % of docs/pretrained.md's 200 other
-    # problems), 27.0 -> 63.5 % in 20 steps, 348 s in all on a 2-core Zen 5 (docs/pretrained.md, "Distillation")
+    # problems), 27.0 -> 63.5/69.0/69.0 % on seeds 1-3 in 20 steps, about 6 min a run on a 2-core Zen 5
+    # (docs/user_tasks.md, "Distillation from GRPO")
     "distill": {"max_steps": 20, "max_completion_length": 32},
 }
 # under --use_peft on such a model: GRPO's 20 steps moved a task SmolLM2 half does (the largest of three, scored by
