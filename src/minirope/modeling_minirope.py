@@ -242,10 +242,9 @@ class MiniRopeModel(MiniRopePreTrainedModel):
             position_ids: `(B, T)` int64 positions m used for RoPE; default `past_len .. past_len + T - 1`.
                 With left padding, `generate()` passes `cumsum(attention_mask) - 1`, so each sequence starts
                 at position 0 whatever its padding.
-            cache: a transformers `Cache` (e.g. `DynamicCache`, `StaticCache`) to read and extend. Also taken as
-                `past_key_values`, its name before transformers 5.24 (which `generate()` of 5.23 passes). Or the
-                `PagedAttentionCache` of transformers' continuous batching (`generate_batch()`), which gives
-                `position_ids`.
+            cache: a transformers `Cache` (`DynamicCache`, `StaticCache`, ...) to read and extend, or continuous
+                batching's `PagedAttentionCache` (with `position_ids`). Also taken as `past_key_values`, its name
+                before transformers 5.24 (which `generate()` of 5.23 passes).
             use_cache: create and return a `DynamicCache` when none is given.
 
         Returns:
@@ -263,17 +262,12 @@ class MiniRopeModel(MiniRopePreTrainedModel):
             inputs_embeds = embed_token_ids(self.embed_tokens, input_ids, self.config.vocab_size)
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
-        if cache is None or isinstance(cache, Cache):
-            past_seen_tokens = cache.get_seq_length() if cache is not None else 0
-            if position_ids is None:  # past_len .. past_len + T - 1, one row for the batch
-                position_ids = (
-                    torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)[None] + past_seen_tokens
-                )
-            longest = past_seen_tokens + inputs_embeds.shape[1]  # known on the host: no device read
-        else:  # transformers' continuous batching: a `PagedAttentionCache`, each packed token's position given
-            longest = int(position_ids.max()) + 1
-        if not torch.compiler.is_compiling():
-            self.rotary_emb.grow(longest)
+        past_seen_tokens = cache.get_seq_length() if isinstance(cache, Cache) else 0
+        if position_ids is None:  # past_len .. past_len + T - 1, one row for the batch
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)[None] + past_seen_tokens
+        if not torch.compiler.is_compiling():  # known on the host (no device read), but for continuous batching's cache
+            paged = cache is not None and not isinstance(cache, Cache)
+            self.rotary_emb.grow(int(position_ids.max()) + 1 if paged else past_seen_tokens + inputs_embeds.shape[1])
 
         causal_mask = create_causal_mask(
             config=self.config,
