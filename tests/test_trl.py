@@ -5,6 +5,7 @@ batching."""
 import pytest
 import torch
 from datasets import Dataset
+from test_docs import length_reward
 from transformers import AutoModelForCausalLM
 
 from minirope.data.bundled import shakespeare_dataset
@@ -44,10 +45,6 @@ def test_sft_trainer_trains_from_a_folder_path_and_saves_a_folder_that_reloads(t
     for name, param in reloaded.state_dict().items():
         assert torch.equal(param, trained[name]), name
     assert (tmp_path / "saved" / "modeling_minirope.py").is_file()  # still loads where minirope is not installed
-
-
-def length_reward(completions, **kwargs):
-    return [float(len(completion)) for completion in completions]
 
 
 def test_grpo_trainer_samples_through_transformers_continuous_batching(tiny_pretrained, tmp_path):
