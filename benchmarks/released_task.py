@@ -5,7 +5,9 @@ several seeds, each scored on problems that no run trains or measures on.
     python benchmarks/released_task.py --model runs/smol --output_dir runs/released --seeds 1 2 3 \\
         --flags --reward_funcs largest_rewards.final_number largest_rewards.overlong
     python benchmarks/released_task.py --model runs/smol --output_dir runs/distilled --seeds 1 2 3 \\
-        --flags --method distill --teacher_model_name_or_path runs/released/seed-1   # a teacher GRPO trained
+        --teacher_model_name_or_path runs/released/seed-1   # distillation from a teacher GRPO trained
+    python benchmarks/released_task.py --model runs/smol --output_dir runs/distilled-trl --seeds 1 2 3 \\
+        --teacher_model_name_or_path runs/released/seed-1 --trl_defaults
 
 The task is docs/pretrained.md's: "Which is the largest of 51, 29 and 60? Answer with just the number." as a
 conversation (2,000 rows with their `solution`, of which the run holds out 5 %; 200 other problems kept aside), the
@@ -16,11 +18,14 @@ otherwise keeps the last number it reached, which GRPO learned to game). Each se
     minirope-posttrain --method grpo --model_name_or_path <model> --dataset_name largest \\
         --reward_funcs largest_rewards.final_number --use_peft True --seed <seed> --output_dir <output_dir>/seed-<seed>
 
-(and `--flags`, the last of a flag given twice winning: `--method distill` with a teacher), then scores the model
-given and the folder written on the 200 other problems (greedy, 16 new tokens, batches of 50). With `--trl_defaults`
-each seed runs what a user of TRL would run instead: TRL's `GRPOTrainer` with TRL's own defaults (GRPOConfig's
-learning rate, precision and checkpointing; LoRA from `ModelConfig(use_peft=True)`) at the batch, steps and completion
-length minirope sizes for the model, with both rewards; its adapter merged and scored alike. One row per seed goes to
+(and `--flags`, the last of a flag given twice winning; with `--teacher_model_name_or_path`, `--method distill` and
+that teacher), then scores the model given and the folder written on the 200 other problems (greedy, 16 new tokens,
+batches of 50). With `--trl_defaults` each seed runs what a user of TRL would run instead: TRL's `GRPOTrainer` with
+TRL's own defaults (GRPOConfig's learning rate, precision and checkpointing; LoRA from `ModelConfig(use_peft=True)`)
+at the batch, steps and completion length minirope sizes for the model, with both rewards; with a teacher, TRL's
+`DistillationTrainer` with DistillationConfig's defaults (its learning rate, KL weight `beta`, precision and
+checkpointing) at minirope's batch, steps and completion length, the teacher's Llama export as the teacher; its adapter
+merged and scored alike. One row per seed goes to
 `--results` (JSON lines): the command, the machine and versions, both scores on the 200 problems, the run's own
 held-out measure before and after, the kept step, the time split (TRL's `train_runtime`) and the peak resident set of
 the run's process.
@@ -33,6 +38,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -44,9 +50,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import minirope  # noqa: F401 - the Auto classes, for the folders a run writes
 from minirope.convert import to_llama
+from minirope.posttraining.arguments import CONFIGS
 from minirope.posttraining.sizing import count_parameters, sized_defaults
 
-GRPO_SIZED = ("max_steps", "per_device_train_batch_size", "num_generations", "max_completion_length")
+# what TRL's side takes from minirope's defaults for the model, by method; the rest are TRL's own
+TRL_SIZED = {
+    "grpo": ("max_steps", "per_device_train_batch_size", "num_generations", "max_completion_length"),
+    "distill": ("max_steps", "per_device_train_batch_size", "max_completion_length"),
+}
 
 ASK = "Which is the largest of {}, {} and {}? Answer with just the number."
 REWARDS = '''import re
@@ -65,30 +76,39 @@ def final_number(completions, solution, **kwargs):
 # the run in a process of its own, so that its peak resident set is its own (ru_maxrss)
 CHILD = """import json, resource, sys
 from minirope.commands import posttrain
-summary = posttrain.run(sys.argv[2:])
+out, run_dir, seed = sys.argv[1:4]
+summary = posttrain.run(sys.argv[4:] + ["--seed", seed, "--output_dir", run_dir])
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-json.dump({"time_split": summary["time_split"], "peak_rss_gb": round(peak, 2)}, open(sys.argv[1], "w"))
+json.dump({"time_split": summary["time_split"], "peak_rss_gb": round(peak, 2)}, open(out, "w"))
 """
-# --trl_defaults: TRL's `GRPOTrainer` with TRL's own defaults (GRPOConfig's learning rate, precision and checkpointing;
-# LoRA from `ModelConfig(use_peft=True)`) at the batch, steps and completion length minirope sizes for the model
+# --trl_defaults: TRL's `GRPOTrainer` (or with a teacher `DistillationTrainer`) with TRL's own defaults (the config's
+# learning rate, precision and checkpointing; LoRA from `ModelConfig(use_peft=True)`) at the batch, steps and
+# completion length minirope sizes for the model
 TRL_CHILD = """import json, resource, sys
 import largest_rewards
 import torch
 from datasets import load_from_disk
-from trl import GRPOConfig, GRPOTrainer, ModelConfig, get_peft_config
-out, model, seed, run_dir, sized = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
-config = GRPOConfig(output_dir=run_dir, seed=seed, report_to="none", save_strategy="no", logging_steps=5,
-                    use_cpu=not torch.cuda.is_available(), **sized)
-trainer = GRPOTrainer(model=model, reward_funcs=[largest_rewards.final_number, largest_rewards.overlong], args=config,
-                      train_dataset=load_from_disk("largest")["train"],
-                      peft_config=get_peft_config(ModelConfig(use_peft=True)))
+from trl import DistillationConfig, DistillationTrainer, GRPOConfig, GRPOTrainer, ModelConfig, get_peft_config
+out, run_dir, seed, model, sized, teacher = sys.argv[1:7]
+settings = dict(output_dir=run_dir, seed=int(seed), report_to="none", save_strategy="no", logging_steps=5,
+                use_cpu=not torch.cuda.is_available(), **json.loads(sized))
+if teacher:
+    config = DistillationConfig(**settings)
+    method = dict(teacher_model=teacher)
+else:
+    config = GRPOConfig(**settings)
+    method = dict(reward_funcs=[largest_rewards.final_number, largest_rewards.overlong])
+trainer = (DistillationTrainer if teacher else GRPOTrainer)(
+    model=model, args=config, train_dataset=load_from_disk("largest")["train"],
+    peft_config=get_peft_config(ModelConfig(use_peft=True)), **method)
 metrics = trainer.train().metrics
 targets = sorted(trainer.model.peft_config["default"].target_modules)
 trainer.model.merge_and_unload().save_pretrained(run_dir)
 trainer.processing_class.save_pretrained(run_dir)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 json.dump({"train_seconds": round(metrics["train_runtime"], 1), "learning_rate": config.learning_rate,
-           "bf16": config.bf16, "lora_target_modules": targets, "peak_rss_gb": round(peak, 2)}, open(out, "w"))
+           "beta": config.beta, "bf16": config.bf16, "lora_target_modules": targets, "peak_rss_gb": round(peak, 2)},
+          open(out, "w"))
 """
 
 
@@ -128,10 +148,9 @@ def score(model_path: str, problems: list[dict]) -> float:
     return right / len(problems)
 
 
-def llama_export(model: str, folder: Path) -> Path:
-    """`folder/llama`: `model` as a plain `LlamaForCausalLM` folder (`minirope.convert.to_llama`: the same weights and
+def llama_export(model: str, llama: Path) -> Path:
+    """`llama`: `model` as a plain `LlamaForCausalLM` folder (`minirope.convert.to_llama`: the same weights and
     logits), what a TRL user runs; written once."""
-    llama = folder / "llama"
     if not (llama / "config.json").is_file():
         to_llama(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32), save_directory=llama)
         AutoTokenizer.from_pretrained(model).save_pretrained(llama)
@@ -154,43 +173,67 @@ def minirope_side(run_dir: Path) -> dict:
     }
 
 
+def trl_sized(args: argparse.Namespace, model: str) -> dict:
+    """TRL's side's batch, steps and completion length: what minirope uses for `model` (its sized defaults, and its
+    method config's own batch where sizing keeps it). Exits where `model` is below the size minirope sizes for."""
+    if args.flags:
+        raise SystemExit("--trl_defaults runs TRL's own defaults; --flags are minirope-posttrain's: give one of them.")
+    method = "distill" if args.teacher_model_name_or_path else "grpo"
+    sized = sized_defaults(method, count_parameters(model))
+    if not sized:
+        raise SystemExit(f"--trl_defaults: {args.model} is below the size minirope sizes {method} for; give a released "
+                         f"checkpoint (SmolLM2-135M-Instruct: minirope-import's folder).")  # fmt: skip
+    ours = {**{item.name: item.default for item in fields(CONFIGS[method])}, **sized}
+    return {name: ours[name] for name in TRL_SIZED[method]}
+
+
+def trl_child(args: argparse.Namespace, model: str, folder: Path, sized: dict) -> list[str]:
+    """`TRL_CHILD`'s code and arguments after the run's own three (results file, folder, seed): the Llama exports of
+    the model and of the teacher (none for GRPO)."""
+    teacher = args.teacher_model_name_or_path
+    teacher = str(llama_export(teacher, folder / "teacher-llama")) if teacher else ""
+    return [TRL_CHILD, str(llama_export(model, folder / "llama")), json.dumps(sized), teacher]
+
+
+def posttrain_child(args: argparse.Namespace, model: str) -> list[str]:
+    """`CHILD`'s code and minirope-posttrain's flags after the run's own three (results file, folder, seed)."""
+    teacher = args.teacher_model_name_or_path
+    teacher = ["--method", "distill", "--teacher_model_name_or_path", str(Path(teacher).resolve())] if teacher else []
+    return [CHILD, "--method", "grpo", "--model_name_or_path", model, "--dataset_name", "largest", "--reward_funcs",
+            "largest_rewards.final_number", "--use_peft", "True", "--overwrite_output_dir", "True",
+            *teacher, *args.flags]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="The released checkpoint's folder (minirope-import's).")
     parser.add_argument("--output_dir", type=Path, required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results" / "released_task.jsonl")
-    parser.add_argument("--trl_defaults", action="store_true",
-                        help="TRL's GRPOTrainer with TRL's own defaults (at minirope's sized batch, steps and length; "
-                        "both rewards) instead of minirope-posttrain.")  # fmt: skip
+    parser.add_argument(
+        "--teacher_model_name_or_path",
+        help="Distillation from this teacher's folder instead of GRPO (a minirope or Llama folder).",
+    )
+    parser.add_argument(
+        "--trl_defaults",
+        action="store_true",
+        help="TRL's GRPOTrainer (with a teacher: DistillationTrainer) with TRL's own defaults, at "
+        "minirope's sized batch, steps and length (GRPO: both rewards), instead of minirope-posttrain.",
+    )
     parser.add_argument("--flags", nargs=argparse.REMAINDER, default=[], help="minirope-posttrain's extra flags.")
     args = parser.parse_args()
     folder = args.output_dir.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     problems = write_task(folder)
     model = str(Path(args.model).resolve())
-    sized = {}  # TRL's side: the batch, steps and length minirope sizes for the model
-    if args.trl_defaults:
-        sized = {name: value for name, value in sized_defaults("grpo", count_parameters(model)).items()
-                 if name in GRPO_SIZED}  # fmt: skip
-    if args.trl_defaults and args.flags:
-        raise SystemExit("--trl_defaults runs TRL's own defaults; --flags are minirope-posttrain's: give one of them.")
-    if args.trl_defaults and not sized:
-        raise SystemExit(f"--trl_defaults: {args.model} is below the size minirope sizes GRPO for; give a released "
-                         f"checkpoint (SmolLM2-135M-Instruct: minirope-import's folder).")  # fmt: skip
+    sized = trl_sized(args, model) if args.trl_defaults else {}
     base = score(model, problems)
     print(f"{args.model}: {base:.1%} of the 200 other problems")
     for seed in args.seeds:
         run_dir, measured = folder / f"seed-{seed}", folder / f"seed-{seed}.json"
         started = time.perf_counter()
-        if args.trl_defaults:
-            child = [TRL_CHILD, str(measured), str(llama_export(model, folder)), str(seed), str(run_dir),
-                     json.dumps(sized)]  # fmt: skip
-        else:
-            child = [CHILD, str(measured), "--method", "grpo", "--model_name_or_path", model, "--dataset_name",
-                     "largest", "--reward_funcs", "largest_rewards.final_number", "--use_peft", "True", "--seed",
-                     str(seed), "--output_dir", str(run_dir), "--overwrite_output_dir", "True",
-                     *args.flags]  # fmt: skip
+        child = trl_child(args, model, folder, sized) if args.trl_defaults else posttrain_child(args, model)
+        child[1:1] = [str(measured), str(run_dir), str(seed)]
         subprocess.run([sys.executable, "-c", *child], cwd=folder, check=True)
         seconds = round(time.perf_counter() - started, 1)
         side = {"trl_defaults": True, "steps": sized["max_steps"]} if args.trl_defaults else minirope_side(run_dir)
@@ -205,6 +248,7 @@ def main() -> None:
             },  # fmt: skip
             "model": args.model,
             "seed": seed,
+            "teacher": args.teacher_model_name_or_path,
             "flags": args.flags,
             "other_problems": {"before": base, "after": score(str(run_dir), problems), "count": len(problems)},
             **side,

@@ -83,32 +83,45 @@ def test_posttrain_speed_runs_trl_and_minirope_side_by_side_for_one_step(tiny_pr
     assert row["command"].startswith("benchmarks/posttrain_speed.py") and "minirope / TRL" in done.stdout
 
 
-def test_released_task_benchmark_refuses_trl_defaults_for_a_model_it_does_not_size(tiny_pretrained, tmp_path):
-    """`--trl_defaults` runs TRL's side at the batch and steps minirope sizes for a released checkpoint; a model
-    below that size is refused before any work, naming the fix."""
+@pytest.mark.parametrize("method", ["grpo", "distill"])
+def test_released_task_benchmark_refuses_trl_defaults_for_a_model_it_does_not_size(tiny_pretrained, tmp_path, method):
+    """`--trl_defaults` runs TRL's side (GRPO, or with a teacher distillation) at the batch and steps minirope sizes
+    for a released checkpoint; a model below that size is refused before any work, naming the method and the fix."""
     pytest.importorskip("trl")
     rows = tmp_path / "rows.jsonl"
+    teacher = ["--teacher_model_name_or_path", str(tiny_pretrained)] if method == "distill" else []
     command = [sys.executable, str(BENCHMARKS / "released_task.py"), "--model", str(tiny_pretrained), "--output_dir",
-               str(tmp_path / "runs"), "--seeds", "1", "--results", str(rows), "--trl_defaults"]  # fmt: skip
+               str(tmp_path / "runs"), "--seeds", "1", "--results", str(rows), "--trl_defaults", *teacher]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "--trl_defaults" in done.stderr and "released checkpoint" in done.stderr
+    assert f"sizes {method} for" in done.stderr
     assert not rows.exists() and not (tmp_path / "runs" / "seed-1").exists()
 
 
 @pytest.mark.slow  # 40 s on a 2-core Zen 3: in `make test-slow`, to keep the default run inside its time
 @pytest.mark.client
-def test_released_task_benchmark_runs_a_seed_and_scores_it_on_the_other_problems(tiny_pretrained, tmp_path):
-    """`benchmarks/released_task.py` on the tiny model, one seed of one GRPO step with both rewards of its file: the
-    row names the command, the machine, the seed, both scores on the 200 other problems, the run's measures, the time
-    split and the peak resident set."""
+@pytest.mark.parametrize("method", ["grpo", "distill"])
+def test_released_task_benchmark_runs_a_seed_and_scores_it_on_the_other_problems(tiny_pretrained, tmp_path, method):
+    """`benchmarks/released_task.py` on the tiny model, one seed of one step (GRPO with both rewards of its file, or
+    distillation from a teacher): the row names the command, the machine, the seed, the teacher, both scores on the
+    200 other problems, the run's measures, the time split and the peak resident set."""
     pytest.importorskip("trl")
     results = tmp_path / "rows.jsonl"
-    small = ["--max_steps", "1", "--per_device_train_batch_size", "4", "--num_generations", "2",
-             "--max_completion_length", "8", "--eval_prompts", "4", "--eval_samples_per_prompt", "2",
-             "--eval_max_new_tokens", "8", "--require_reward_spread", "False", "--sft_steps", "0", "--reward_funcs",
-             "largest_rewards.final_number", "largest_rewards.overlong"]  # fmt: skip
-    command = [sys.executable, str(BENCHMARKS / "released_task.py"), "--model", str(tiny_pretrained), "--output_dir",
-               str(tmp_path / "runs"), "--seeds", "1", "--results", str(results), "--flags", *small]  # fmt: skip
+    small = ["--max_steps", "1", "--per_device_train_batch_size", "4", "--max_completion_length", "8",
+             "--eval_prompts", "4", "--eval_samples_per_prompt", "2", "--eval_max_new_tokens", "8",
+             "--require_reward_spread", "False", "--sft_steps", "0"]  # fmt: skip
+    if method == "grpo":
+        small += [
+            "--num_generations",
+            "2",
+            "--reward_funcs",
+            "largest_rewards.final_number",
+            "largest_rewards.overlong",
+        ]
+    teacher = ["--teacher_model_name_or_path", str(tiny_pretrained)] if method == "distill" else []
+    command = [sys.executable, str(BENCHMARKS / "released_task.py"), "--model", str(tiny_pretrained), *teacher,
+               "--output_dir", str(tmp_path / "runs"), "--seeds", "1", "--results", str(results), "--flags",
+               *small]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = [json.loads(line) for line in results.read_text().splitlines()]
@@ -116,8 +129,11 @@ def test_released_task_benchmark_runs_a_seed_and_scores_it_on_the_other_problems
     assert row["other_problems"]["count"] == 200 and 0 <= row["other_problems"]["after"] <= 1
     assert set(row["held_out"]) == {"before", "after"} and row["steps"] == 1 and row["peak_rss_gb"] > 0
     assert row["time_split"]["total"] > 0 and row["machine"]["torch"] == torch.__version__
+    assert row["teacher"] == (str(tiny_pretrained) if teacher else None)
     summary = json.loads((tmp_path / "runs" / "seed-1" / "run_summary.json").read_text())
-    assert summary["reward_funcs"] == ["final_number", "soft_overlong_punishment_reward"]  # TRL's, by its name
+    assert summary["method"] == method
+    if method == "grpo":
+        assert summary["reward_funcs"] == ["final_number", "soft_overlong_punishment_reward"]  # TRL's, by its name
 
 
 @pytest.mark.slow  # the suite's default run is at its time limit on a 2-core Zen 3: in `make test-slow`
