@@ -212,7 +212,7 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results" / "released_task.jsonl")
     parser.add_argument(
         "--teacher_model_name_or_path",
-        help="Distillation from this teacher's folder instead of GRPO (a minirope or Llama folder).",
+        help="Distillation from this teacher instead of GRPO: a folder minirope wrote (e.g. a GRPO seed's).",
     )
     parser.add_argument(
         "--trl_defaults",
