@@ -93,12 +93,11 @@ out, run_dir, seed, model, sized, teacher = sys.argv[1:7]
 settings = dict(output_dir=run_dir, seed=int(seed), report_to="none", save_strategy="no", logging_steps=5,
                 use_cpu=not torch.cuda.is_available(), **json.loads(sized))
 if teacher:
-    config = DistillationConfig(**settings)
-    method = dict(teacher_model=teacher)
+    config, trainer_class, method = DistillationConfig(**settings), DistillationTrainer, dict(teacher_model=teacher)
 else:
-    config = GRPOConfig(**settings)
+    config, trainer_class = GRPOConfig(**settings), GRPOTrainer
     method = dict(reward_funcs=[largest_rewards.final_number, largest_rewards.overlong])
-trainer = (DistillationTrainer if teacher else GRPOTrainer)(
+trainer = trainer_class(
     model=model, args=config, train_dataset=load_from_disk("largest")["train"],
     peft_config=get_peft_config(ModelConfig(use_peft=True)), **method)
 metrics = trainer.train().metrics
@@ -188,20 +187,22 @@ def trl_sized(args: argparse.Namespace, model: str) -> dict:
 
 
 def trl_child(args: argparse.Namespace, model: str, folder: Path, sized: dict) -> list[str]:
-    """`TRL_CHILD`'s code and arguments after the run's own three (results file, folder, seed): the Llama exports of
-    the model and of the teacher (none for GRPO)."""
+    """`TRL_CHILD`'s arguments after the run's own three (results file, folder, seed): the Llama exports of the model
+    and of the teacher (empty for GRPO), and the sized settings."""
     teacher = args.teacher_model_name_or_path
     teacher = str(llama_export(teacher, folder / "teacher-llama")) if teacher else ""
-    return [TRL_CHILD, str(llama_export(model, folder / "llama")), json.dumps(sized), teacher]
+    return [str(llama_export(model, folder / "llama")), json.dumps(sized), teacher]
 
 
 def posttrain_child(args: argparse.Namespace, model: str) -> list[str]:
-    """`CHILD`'s code and minirope-posttrain's flags after the run's own three (results file, folder, seed)."""
-    teacher = args.teacher_model_name_or_path
-    teacher = ["--method", "distill", "--teacher_model_name_or_path", str(Path(teacher).resolve())] if teacher else []
-    return [CHILD, "--method", "grpo", "--model_name_or_path", model, "--dataset_name", "largest", "--reward_funcs",
+    """`CHILD`'s arguments after the run's own three (results file, folder, seed): minirope-posttrain's flags."""
+    method = ["--method", "grpo"]
+    if args.teacher_model_name_or_path:
+        teacher = str(Path(args.teacher_model_name_or_path).resolve())
+        method = ["--method", "distill", "--teacher_model_name_or_path", teacher]
+    return [*method, "--model_name_or_path", model, "--dataset_name", "largest", "--reward_funcs",
             "largest_rewards.final_number", "--use_peft", "True", "--overwrite_output_dir", "True",
-            *teacher, *args.flags]  # fmt: skip
+            *args.flags]  # fmt: skip
 
 
 def main() -> None:
@@ -232,9 +233,12 @@ def main() -> None:
     for seed in args.seeds:
         run_dir, measured = folder / f"seed-{seed}", folder / f"seed-{seed}.json"
         started = time.perf_counter()
-        child = trl_child(args, model, folder, sized) if args.trl_defaults else posttrain_child(args, model)
-        child[1:1] = [str(measured), str(run_dir), str(seed)]
-        subprocess.run([sys.executable, "-c", *child], cwd=folder, check=True)
+        if args.trl_defaults:
+            code, rest = TRL_CHILD, trl_child(args, model, folder, sized)
+        else:
+            code, rest = CHILD, posttrain_child(args, model)
+        run = [str(measured), str(run_dir), str(seed)]  # each child's own first three arguments
+        subprocess.run([sys.executable, "-c", code, *run, *rest], cwd=folder, check=True)
         seconds = round(time.perf_counter() - started, 1)
         side = {"trl_defaults": True, "steps": sized["max_steps"]} if args.trl_defaults else minirope_side(run_dir)
         row = {
