@@ -26,7 +26,9 @@ import yaml
 
 USER = "me"
 ORG = "team"
-TOKENS = {"hf_test": "write", "hf_read": "read", "hf_fine_read": "fineGrained", "hf_fine_write": "fineGrained"}
+# `hf_canary_...`: a write token like `hf_test`, whose bytes a test looks for in every file written and pushed
+TOKENS = {"hf_test": "write", "hf_read": "read", "hf_fine_read": "fineGrained", "hf_fine_write": "fineGrained",
+          "hf_canary_5f3a9c1e7b": "write"}  # fmt: skip
 # the fine-grained tokens' scopes, as the Hub's whoami gives them: each on the user's own namespace only
 SCOPES = {"hf_fine_read": ["repo.content.read"], "hf_fine_write": ["repo.content.read", "repo.write"]}
 
@@ -35,6 +37,7 @@ SCOPES = {"hf_fine_read": ["repo.content.read"], "hf_fine_write": ["repo.content
 class Repo:
     files: dict[str, bytes] = field(default_factory=dict)  # at main
     commits: list[tuple[str, str, dict]] = field(default_factory=list)  # (sha, message, files after it)
+    private: bool | None = None  # as create_repo asked (None: not said: the account's default)
 
     @property
     def sha(self) -> str:
@@ -144,7 +147,9 @@ class LoopbackHub:
         if repo_id in self.repos:
             return self.answer({"error": "You already created this model repo", "url": f"{self.endpoint}/{repo_id}"},
                                409)  # fmt: skip
-        self.repos[repo_id] = Repo()
+        visibility = request.get("visibility")  # huggingface_hub 1.x and later; `private` before
+        private = {"private": True, "public": False}.get(visibility, request.get("private"))
+        self.repos[repo_id] = Repo(private=private)
         return self.answer({"url": f"{self.endpoint}/{repo_id}", "name": repo_id, "id": repo_id})
 
     def whoami(self, body: bytes, token: str) -> tuple:

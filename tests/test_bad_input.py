@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 
@@ -80,8 +81,7 @@ def test_invalid_model_flags(tmp_path, monkeypatch, capsys):
 
 def test_output_dir_holding_a_different_model(tiny_pretrained, tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "config.json").write_text((tiny_pretrained / "config.json").read_text())
+    shutil.copytree(tiny_pretrained, out)  # a folder minirope wrote (its marker); a lone config.json is the user's
     argv = [*TINY_RUN, "--output_dir", str(out), "--hidden_size", "48", "--intermediate_size", "96"]
     err = cli_error(pretrain.main, argv, monkeypatch, capsys)
     assert "already holds a different model (hidden_size 32, this run 48)" in err and "--overwrite_output_dir" in err

@@ -31,6 +31,7 @@ from transformers import AutoTokenizer
 from minirope import MiniRopeForCausalLM
 from minirope.commands import export, extend, finetune, import_model, posttrain, pretrain
 from minirope.convert import to_llama
+from minirope.output.folder import public
 
 REPO = "me/tiny"
 # Loads a repository by id and the local folder where `import minirope` fails, and prints each one's greedy tokens.
@@ -71,10 +72,10 @@ def minirope(command: str, *argv: str) -> list[str]:
 
 
 def final_files(folder: Path) -> set[str]:
-    """The files of a finished run that a push carries: all but the checkpoints (the Trainer's upload skips
-    `checkpoint-*` and `_*`)."""
+    """The files of a finished run that a push carries: all but the checkpoints, the scratch folders and minirope's
+    marker (`.minirope/`: the push carries what the run published, nothing else)."""
     files = {str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file()}
-    return {path for path in files if not path.startswith(("checkpoint-", "_"))}
+    return {path for path in files if not path.startswith(("checkpoint-", "_", "."))}
 
 
 def card_of(server: LoopbackHub, repo: str):
@@ -86,7 +87,10 @@ def assert_pushed_once(server: LoopbackHub, repo: str, out: Path, measured: bool
     (with the validation bits per byte as `model-index` where the run `measured` it)."""
     pushed = server.files(repo)
     assert set(pushed) == final_files(out)
-    assert all(pushed[path] == (out / path).read_bytes() for path in pushed)
+    local = {path: (out / path).read_bytes() for path in pushed}
+    local["run_summary.json"] = json.dumps(public(json.loads(local["run_summary.json"])), indent=2, sort_keys=True)
+    local["run_summary.json"] = (local["run_summary.json"] + "\n").encode()  # the held-out prompts stay local
+    assert all(pushed[path] == local[path] for path in pushed)
     assert server.commits(repo) == ["minirope: end of training"]
     card = card_of(server, repo)
     assert (card.library_name, card.pipeline_tag) == ("transformers", "text-generation")
@@ -221,7 +225,7 @@ def test_a_push_that_fails_after_training_keeps_the_folder_and_says_how_to_uploa
     def refuse(*args, **kwargs):
         raise ConnectionError("the Hub went away")
 
-    monkeypatch.setattr(HfApi, "upload_folder", refuse)
+    monkeypatch.setattr(HfApi, "create_commit", refuse)
     out = tmp_path / "run"
     err = cli_error(pretrain.main, [*TINY_RUN, "--output_dir", str(out), "--push_to_hub", "True", "--hub_model_id",
                                     REPO], monkeypatch, capsys)  # fmt: skip
@@ -258,7 +262,7 @@ def test_import_pushes_the_imported_folder_once_and_it_loads_by_repo_id_without_
     run(minirope("import_model", str(llama), "--output_dir", str(out), "--push_to_hub", "imported"), env, tmp_path)
     repo = "me/imported"
     files = server.files(repo)
-    assert set(files) == {str(path.relative_to(out)) for path in out.rglob("*") if path.is_file()}
+    assert set(files) == final_files(out)
     assert all(files[path] == (out / path).read_bytes() for path in files)
     assert server.commits(repo) == ["minirope-import llama"]
     assert f'from_pretrained("{repo}"' in files["README.md"].decode()  # the repo, not the folder "imported"
@@ -307,7 +311,7 @@ def test_export_pushes_a_gguf_and_a_llama_folder_that_load_back_from_the_hub(hub
     assert np.abs(np.array(theirs) - ours).max() < LOGITS_TOLERANCE
 
     pushed_llama = server.files(f"{REPO}-llama")
-    assert set(pushed_llama) == {path.name for path in llama.iterdir()}
+    assert set(pushed_llama) == {path.name for path in llama.iterdir() if not path.name.startswith(".")}
     card = card_of(server, f"{REPO}-llama")
     assert (card.base_model, card.library_name) == (REPO, "transformers")
     loaded = load_by_id([f"{REPO}-llama", str(pushed)], env, tmp_path)

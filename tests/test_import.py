@@ -181,14 +181,14 @@ def test_import_writes_into_an_empty_folder_replaces_only_a_model_folder_and_kee
     assert kept.temperature == 0.3 and kept.top_p == 0.7 and kept.do_sample
     flags = [str(tmp_path / "llama"), "--output_dir", str(out)]
     err = cli_error(import_model.main, flags, monkeypatch, capsys)
-    assert "holds a model: choose another, or pass --overwrite True" in err
+    assert "exists: choose another --output_dir, or pass --overwrite True" in err
     assert import_model.run([*flags, "--overwrite", "True"]) == out
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "todo.txt").write_text("mine")
     err = cli_error(import_model.main, [str(tmp_path / "llama"), "--output_dir", str(notes), "--overwrite", "True"],
                     monkeypatch, capsys)  # fmt: skip
-    assert "holds files that are not a model folder (todo.txt)" in err and (notes / "todo.txt").read_text() == "mine"
+    assert "holds files minirope did not write (todo.txt)" in err and (notes / "todo.txt").read_text() == "mine"
     shutil.rmtree(notes)
 
 

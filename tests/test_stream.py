@@ -312,7 +312,7 @@ def test_sigkill_then_resume_continues_the_shuffled_stream_from_the_checkpoint(t
 
     out = tmp_path / "killed"
     kill_when_written([sys.executable, "-m", "minirope.commands.pretrain", *run, "--output_dir", str(out)],
-                      out / "checkpoint-20" / "stream_state.json")  # fmt: skip
+                      out / "checkpoint-20" / "trainer_state.json")  # fmt: skip
     window_start = json.loads((out / "checkpoint-20" / "stream_state.json").read_text())["window"]
     assert window_start["epoch"] == 0 and window_start["shard"] >= 2
     files = sorted(shards.glob("*.jsonl"))

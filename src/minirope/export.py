@@ -23,7 +23,9 @@ nothing half-written; an existing output is replaced only with `--overwrite`.
   layer, as ExecuTorch's own Llama export quantizes; the embedding stays float32).
 """
 
+import ctypes
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -39,6 +41,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from minirope.convert import half_split_to_interleaved, to_llama
 from minirope.folders import ModelArguments, load_causal_lm
 from minirope.modeling_minirope import MiniRopeForCausalLM
+from minirope.output import owned
 from minirope.tokenizer_format import GENERATION_TAG, PRE_TOKENIZER_PATTERN
 
 FORMATS = ("llama", "gguf", "onnx", "executorch")
@@ -47,22 +50,62 @@ EXECUTORCH_OUTTYPES = ("f32", "8da8w")
 GGUF_ROPE_TYPES = ("default", "linear", "yarn", "llama3")  # what llama.cpp's `llama` architecture can express
 
 
-@contextmanager
-def staged(output: Path, overwrite: bool) -> Iterator[Path]:
-    """A temporary path beside `output` to write into; moved onto `output` only if the block succeeds.
+def check_export_output(output: str | Path, flag: str, overwrite: bool, inputs: dict | None = None) -> None:
+    """What an export or import may do to `output`, decided before any work: a new path is written; an existing one
+    only with `overwrite`, and then only where minirope wrote all of it (`owned.check_replaceable`: never the working
+    directory, a parent of it, the home folder, the root, a folder holding an input, or a folder of the user's).
 
     Raises:
         FileExistsError: `output` exists and `overwrite` is False.
+        ValueError: `output` is not minirope's to replace (one line naming what it holds).
     """
+    output = Path(output)
     if output.exists() and not overwrite:
-        raise FileExistsError(f"{output} exists: choose another --output, or pass --overwrite True.")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+        raise FileExistsError(f"{output} exists: choose another {flag}, or pass --overwrite True.")
+    owned.check_replaceable(output, flag, inputs)
+
+
+RENAME_EXCHANGE = 2  # renameat2(2): swap two paths atomically (Linux 3.15; ext4, xfs, btrfs, tmpfs)
+
+
+def swap(new: Path, output: Path) -> None:
+    """Put `new` at `output` in one step where the system can: a folder is exchanged with `renameat2`, so `output`
+    names the old or the new folder at every instant (the old one is then at `new`); elsewhere the old folder is
+    first renamed aside (beside `new`), a moment where `output` names nothing."""
+    if output.is_dir() and not output.is_symlink():
+        libc = ctypes.CDLL(None, use_errno=True)
+        exchange = getattr(libc, "renameat2", None)
+        at_fdcwd = -100
+        if exchange is None or exchange(at_fdcwd, bytes(new), at_fdcwd, bytes(output), RENAME_EXCHANGE) != 0:
+            os.rename(output, new.with_name(f"{new.name}.old"))
+            os.rename(new, output)
+        return
+    os.replace(new, output)
+
+
+@contextmanager
+def staged(output: Path, overwrite: bool, command: str = "minirope-export", flag: str = "--output",
+           inputs: dict | None = None) -> Iterator[Path]:  # fmt: skip
+    """A scratch path beside `output` to write into; once the block succeeds its files are fsynced, a folder is
+    marked as `command`'s (`.minirope/run.json` listing its files) and the whole is swapped in (`swap`); on failure
+    `output` is untouched. The scratch folder (`.NAME.minirope-XXXX`) is removed either way.
+
+    Raises:
+        FileExistsError, ValueError: see `check_export_output`.
+    """
+    output = Path(output).expanduser()
+    check_export_output(output, flag, overwrite, inputs)
+    target = output.absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.minirope-", dir=target.parent))
+    new = scratch / target.name
     try:
-        yield scratch / output.name
-        if output.is_dir():
-            shutil.rmtree(output)
-        (scratch / output.name).replace(output)
+        yield new
+        if new.is_dir():
+            owned.record(new, command, {path.name for path in new.iterdir()} - {owned.MARKER_DIR})
+        owned.fsync_tree(new)
+        swap(new, target)
+        owned.fsync_dir(target.parent)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -83,7 +126,7 @@ def export_llama(model_dir: str | Path, output: str | Path, overwrite: bool = Fa
     """Write a plain Llama folder (weights, config, generation config, tokenizer, model card); returns its path."""
     model, tokenizer = load(model_dir)
     output = Path(output)
-    with staged(output, overwrite) as folder:
+    with staged(output, overwrite, inputs={"--model": str(model_dir)}) as folder:
         to_llama(model, save_directory=folder)
         tokenizer.save_pretrained(folder)
         (folder / "README.md").write_text(
@@ -219,7 +262,7 @@ def export_gguf(model_dir: str | Path, output: str | Path, outtype: str = "f32",
         "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
         "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
     }[outtype]
-    with staged(output, overwrite) as path:
+    with staged(output, overwrite, inputs={"--model": str(model_dir)}) as path:
         writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
         writer.add_name(Path(model_dir).name)
         gguf_hyperparameters(writer, config, file_type)
@@ -316,7 +359,7 @@ def export_onnx(model_dir: str | Path, output: str | Path, overwrite: bool = Fal
     # the mask left-padded so that tracing goes through the padding path.
     example_ids = torch.randint(0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
     example_mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
-    with staged(output, overwrite) as folder:
+    with staged(output, overwrite, inputs={"--model": str(model_dir)}) as folder:
         folder.mkdir()
         with torch.no_grad():
             program = torch.onnx.export(
@@ -408,7 +451,7 @@ def export_executorch(
     metadata = runner_metadata(model.config, tokenizer, length)
     lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()], constant_methods=metadata)
     output = Path(output)
-    with staged(output, overwrite) as folder:
+    with staged(output, overwrite, inputs={"--model": str(model_dir)}) as folder:
         folder.mkdir()
         (folder / "model.pte").write_bytes(lowered.to_executorch().buffer)
         model.config.save_pretrained(folder)

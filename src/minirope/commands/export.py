@@ -24,12 +24,14 @@ from minirope.export import (
     EXECUTORCH_OUTTYPES,
     FORMATS,
     GGUF_OUTTYPES,
+    check_export_output,
     export_executorch,
     export_gguf,
     export_llama,
     export_onnx,
 )
 from minirope.folders import check_output, looks_local
+from minirope.output.folder import visibility
 from minirope.output.hub import check_write_access
 
 
@@ -51,11 +53,18 @@ class ExportArguments:
         default=None,
         metadata={"help": "executorch: positions in the static KV cache (default: the trained context)."},
     )
-    overwrite: bool = field(default=False, metadata={"help": "Replace an existing output."})
+    overwrite: bool = field(
+        default=False, metadata={"help": "Replace an output that minirope wrote (never a folder or file of yours)."}
+    )
     revision: str = field(default="main", metadata={"help": "With a Hub id: the branch, tag or commit to export."})
     push_to_hub: str | None = field(
         default=None, metadata={"help": "A Hub repository (user/name) to upload the export to, with a model card."}
     )
+    hub_private_repo: bool | None = field(
+        default=None,
+        metadata={"help": "With --push_to_hub: create the repository private (True) or public (False); by default "
+                  "at the account's default visibility."},
+    )  # fmt: skip
 
 
 def run(argv: list[str] | None = None) -> Path:
@@ -76,6 +85,7 @@ def run(argv: list[str] | None = None) -> Path:
         raise ValueError(f"--max_cache_len applies to --format executorch only: drop it for {args.format}.")
     model = args.model if looks_local(args.model) else None
     check_output(args.output, "--output", {"--model": model}, folder=args.format != "gguf")
+    check_export_output(args.output, "--output", args.overwrite, {"--model": model})
     if args.push_to_hub:
         check_write_access(args.push_to_hub, None, "--push_to_hub")
     model = model or download(args.model, args.revision)
@@ -92,7 +102,7 @@ def run(argv: list[str] | None = None) -> Path:
         print(AMX_NOTE, file=sys.stderr)
     if args.push_to_hub:
         url = push_export(path, args)
-        print(f"minirope-export: pushed to {url}", file=sys.stderr)
+        print(f"minirope-export: pushed to {url} ({visibility(args.hub_private_repo)})", file=sys.stderr)
     return path
 
 
@@ -115,12 +125,14 @@ def export_card(args: ExportArguments, path: Path):
     the Hub's `quantized` relation for GGUF and ExecuTorch files) and how to load it."""
     from huggingface_hub import ModelCard, ModelCardData
 
+    from minirope.output.card import licence_of
+
     on_hub = not looks_local(args.model)
     quantized = args.format in ("gguf", "executorch")
     data = ModelCardData(
         library_name={"llama": "transformers", "onnx": "onnx", "executorch": "executorch"}.get(args.format),
         pipeline_tag="text-generation",
-        license="mit",
+        license=licence_of(args.model, args.revision).id,
         tags=["minirope", "llama", args.format, *([args.outtype] if quantized else [])],
         base_model=args.model if on_hub else None,
         base_model_relation="quantized" if on_hub and quantized else None,
@@ -156,13 +168,14 @@ def push_export(path: Path, args: ExportArguments) -> str:
 
     card = str(export_card(args, path)).encode()
     files = [path] if path.is_file() else sorted(item for item in path.rglob("*") if item.is_file())
+    files = [item for item in files if not any(part.startswith(".") for part in item.relative_to(path.parent).parts)]
     root = path.parent if path.is_file() else path
     operations = [CommitOperationAdd(str(item.relative_to(root)), item) for item in files]
     operations = [op for op in operations if op.path_in_repo != "README.md"]
     operations.append(CommitOperationAdd("README.md", card))
     api = HfApi()
     try:
-        repo = api.create_repo(args.push_to_hub, exist_ok=True).repo_id
+        repo = api.create_repo(args.push_to_hub, private=args.hub_private_repo, exist_ok=True).repo_id
         commit = api.create_commit(repo, operations, commit_message=f"minirope-export --format {args.format}")
     except Exception as error:  # HTTP and transport errors alike
         raise OSError(

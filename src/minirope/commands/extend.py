@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from minirope.commands import run_cli
 from minirope.data.pipeline import TextDataArguments, data_description, training_blocks, validation_windows
 from minirope.data.sources import document_texts, text_sources
-from minirope.folders import ModelArguments, check_output, load_causal_lm, load_config
+from minirope.folders import ModelArguments, load_causal_lm, load_config
 from minirope.output.card import card_name, licence_of, model_card, optimizer_description
-from minirope.output.folder import check_previous_run, finish_run, remove_old_checkpoints
+from minirope.output.folder import begin_writing, check_previous_run, finish_run
 from minirope.rope_scaling import EXTENSIONS, extended_rope
 from minirope.training.arguments import MiniRopeTrainingArguments, start_run
 from minirope.training.checkpoints import check_resume
@@ -146,8 +146,8 @@ def run(argv: list[str] | None = None) -> dict:
         ValueError, OSError: bad flags, model folder or data; nothing is written.
     """
     dataclasses = (ModelArguments, ExtendArguments, ExtendDataArguments, ExtendingArguments)
-    model_args, args, data_args, training_args, start = start_run(dataclasses, argv)
-    check_output(start.output_dir, "--output_dir", {"--model_name_or_path": model_args.model_name_or_path})
+    inputs = lambda model_args, *_: {"--model_name_or_path": model_args.model_name_or_path}  # noqa: E731
+    model_args, args, data_args, training_args, start = start_run(dataclasses, argv, inputs)
     config, original = scaled_config(model_args, args, data_args)
     check_previous_run(
         start.output_dir, config, overwrite=training_args.overwrite_output_dir, resuming=start.resume is not None
@@ -175,8 +175,7 @@ def run(argv: list[str] | None = None) -> dict:
     before = (evaluate_at(trainer, windows, "before"), repeats_before)
     train_metrics, after = {}, ({key.replace("before", "after", 1): v for key, v in before[0].items()}, before[1])
     if training_args.do_train:
-        if start.resume is None:
-            remove_old_checkpoints(start.output_dir)
+        begin_writing(start.output_dir, "minirope-extend", resuming=start.resume is not None)
         train_metrics = trainer.train(resume_from_checkpoint=start.resume).metrics
         after = (evaluate_at(trainer, windows, "after"), repeats(trainer.model, tokenizer, documents, args))
 
@@ -256,7 +255,13 @@ def report(trainer, model_args, args, data_args, start, measures: Measures) -> d
     ]
     lines.append(f"written to {start.output_dir}/ in {summary['wall_seconds']:.0f} s")
     finish_run(
-        trainer, train_metrics=train_metrics, eval_metrics={**before, **after}, card=card, summary=summary, lines=lines
+        trainer,
+        train_metrics=train_metrics,
+        eval_metrics={**before, **after},
+        card=card,
+        summary=summary,
+        lines=lines,
+        command="minirope-extend",
     )
     return summary
 

@@ -44,9 +44,9 @@ from minirope.data.pipeline import (
 from minirope.data.sources import data_kind, file_shards, open_dataset, text_sources
 from minirope.data.supervised import load_prompt_completion, prompt_completion_examples
 from minirope.data.tokenizer import add_chat_template
-from minirope.folders import ModelArguments, check_output, load_causal_lm
+from minirope.folders import ModelArguments, load_causal_lm
 from minirope.output.card import card_name, licence_of, model_card, optimizer_description
-from minirope.output.folder import check_previous_run, finish_run, remove_old_checkpoints
+from minirope.output.folder import begin_writing, check_previous_run, finish_run
 from minirope.training.arguments import LORA_TARGETS, MiniRopeTrainingArguments, parse_cli_args, start_run
 from minirope.training.checkpoints import check_resume
 from minirope.training.heap import HEAP_TRIM_HELP, TRIM_INTERVAL_S, trimmed_training
@@ -217,7 +217,8 @@ def run(argv: list[str] | None = None) -> dict:
         ValueError, OSError: bad flags, model folder or data (see `minirope-finetune --help`); nothing is written.
     """
     dataclasses = (ModelArguments, LoraArguments, FinetuneDataArguments, FinetuningArguments)
-    model_args, lora_args, data_args, training_args, start = start_run(dataclasses, argv)
+    inputs = lambda model_args, *_: {"--model_name_or_path": model_args.model_name_or_path}  # noqa: E731
+    model_args, lora_args, data_args, training_args, start = start_run(dataclasses, argv, inputs)
     with trimmed_training(training_args.device.type == "cpu", training_args.heap_trim_seconds):
         return fine_tune(model_args, lora_args, data_args, training_args, start)
 
@@ -225,7 +226,6 @@ def run(argv: list[str] | None = None) -> dict:
 def fine_tune(model_args, lora_args, data_args, training_args, start) -> dict:
     """`run`'s work once the flags are parsed: load, measure, train, measure, write."""
     avoid_cudnn_attention(training_args)  # padded batches
-    check_output(start.output_dir, "--output_dir", {"--model_name_or_path": model_args.model_name_or_path})
     model, tokenizer = load_causal_lm(model_args, attn_implementation=training_args.attention())
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -252,8 +252,7 @@ def fine_tune(model_args, lora_args, data_args, training_args, start) -> dict:
     trainer = MiniRopeTrainer(model=model, args=training_args, processing_class=tokenizer, **data)
 
     before = trainer.evaluate(metric_key_prefix="eval")
-    if start.resume is None:
-        remove_old_checkpoints(start.output_dir)
+    begin_writing(start.output_dir, "minirope-finetune", resuming=start.resume is not None)
     train_result = trainer.train(resume_from_checkpoint=start.resume)
     after = final_evaluation(trainer)
     if lora_args.lora and lora_args.merge_lora:
@@ -320,6 +319,7 @@ def report(trainer, model_args, lora_args, data_args, start, measures: Measures)
         card=card,
         summary=summary,
         lines=[line],
+        command="minirope-finetune",
     )
 
 

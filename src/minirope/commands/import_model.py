@@ -41,7 +41,9 @@ class ImportArguments:
         default="float32",
         metadata={"help": f"The weights' dtype in the folder: {', '.join(DTYPES)} (a GGUF is dequantized to it)."},
     )
-    overwrite: bool = field(default=False, metadata={"help": "Replace an existing --output_dir."})
+    overwrite: bool = field(
+        default=False, metadata={"help": "Replace an --output_dir that minirope wrote (never a folder of your files)."}
+    )
     push_to_hub: str | None = field(
         default=None,
         metadata={
@@ -49,6 +51,11 @@ class ImportArguments:
             "namespace), in one commit; the token's right to write it is checked before any work."
         },
     )
+    hub_private_repo: bool | None = field(
+        default=None,
+        metadata={"help": "With --push_to_hub: create the repository private (True) or public (False); by default "
+                  "at the account's default visibility."},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -151,28 +158,9 @@ def card(args: ImportArguments, model, name: str, licence):
     return result
 
 
-def check_replaceable(output: Path, overwrite: bool) -> None:
-    """The output-folder rule of the other commands: a new or empty `output` is written; one that holds a model (an
-    earlier import, a run: its `config.json`) is replaced only with `--overwrite`; a folder of other files never (its
-    files are not this command's to delete).
-
-    Raises:
-        FileExistsError: a model folder without `overwrite`.
-        ValueError: a file, or a folder of other files, naming a few of them.
-    """
-    if not output.exists():
-        return
-    if not output.is_dir():
-        raise ValueError(f"--output_dir {output} is a file: give a new or empty folder.")
-    entries = sorted(path.name for path in output.iterdir())
-    if not entries:
-        return
-    if not (output / "config.json").is_file():
-        shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
-        raise ValueError(f"--output_dir {output} holds files that are not a model folder ({shown}): give a new or "
-                         f"empty folder (--overwrite replaces only a model folder).")  # fmt: skip
-    if not overwrite:
-        raise FileExistsError(f"--output_dir {output} holds a model: choose another, or pass --overwrite True.")
+def is_empty_folder(path: Path) -> bool:
+    """Whether `path` is an existing folder with nothing in it (written into as a new one)."""
+    return path.is_dir() and not any(path.iterdir())
 
 
 def run(argv: list[str] | None = None) -> Path:
@@ -185,15 +173,16 @@ def run(argv: list[str] | None = None) -> Path:
         OSError: the upload failed after the folder was written (the message gives the command to upload it).
     """
     from minirope.convert import from_llama
-    from minirope.export import staged
+    from minirope.export import check_export_output, staged
     from minirope.output.card import licence_of
-    from minirope.output.folder import upload
+    from minirope.output.folder import upload, visibility
     from minirope.output.hub import check_write_access
 
     args = parse_args(argv)
     output = Path(args.output_dir)
-    check_output(output, "--output_dir", {"source": args.source if args.local else None})
-    check_replaceable(output, args.overwrite)
+    inputs = {"source": args.source if args.local else None}
+    check_output(output, "--output_dir", inputs)
+    check_export_output(output, "--output_dir", args.overwrite or is_empty_folder(output), inputs)
     repo = check_write_access(args.push_to_hub, None, "--push_to_hub") if args.push_to_hub else None
     check_source(args)
     licence = licence_of(args.source, args.revision)
@@ -202,7 +191,7 @@ def run(argv: list[str] | None = None) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(**kwargs)
     model = from_llama(llama)
     del llama
-    with staged(output, overwrite=True) as folder:  # check_replaceable decided
+    with staged(output, overwrite=True, command="minirope-import", flag="--output_dir", inputs=inputs) as folder:
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         dropped = drop_tokens_past_vocabulary(folder, model.config.vocab_size)
@@ -215,7 +204,9 @@ def run(argv: list[str] | None = None) -> Path:
     print(f"[minirope] {args.source} -> {output}/: {parameters / 1e6:.1f}M parameters ({args.dtype}), "
           f"{len(tokenizer)} tokens ({template}); load it with AutoModelForCausalLM.from_pretrained")  # fmt: skip
     if repo:
-        print(f"[minirope] pushed to {upload(output, repo, f'minirope-import {Path(args.source).name}')}")
+        files = sorted(path.name for path in output.iterdir() if not path.name.startswith("."))
+        url = upload(output, repo, f"minirope-import {Path(args.source).name}", files, private=args.hub_private_repo)
+        print(f"[minirope] pushed to {url} ({visibility(args.hub_private_repo)})")
     return output
 
 

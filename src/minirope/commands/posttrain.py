@@ -24,7 +24,7 @@ import importlib.util
 from transformers import set_seed
 
 from minirope.commands import run_cli
-from minirope.output.folder import remove_old_checkpoints
+from minirope.output.folder import begin_writing
 from minirope.training.heap import trimmed_training
 from minirope.training.precision import avoid_cudnn_attention, precision_name
 
@@ -70,10 +70,13 @@ def post_train(args, config, model_args, split) -> dict:
     with split.part("measures"):
         before = measure(setup, args, config)
     keep = keep_best_callback(setup, args, config, before, split)
+    if setup.warm:  # it writes the warm-started model into the folder
+        begin_writing(config.output_dir, "minirope-posttrain", resuming=setup.resume is not None)
     warm_up(setup, args, config, before, keep, split)
     starting = setup.warm.measured if setup.warm else before  # the measures of what the method starts from
     check_signal(starting, args, warm_started=bool(setup.warm))
     check_cut(starting, args, setup.data.verse)
+    begin_writing(config.output_dir, "minirope-posttrain", resuming=setup.resume is not None)
     train = setup.data.train if setup.data.train is not None else own_preference_pairs(setup, args, config)
     start_weights = (  # kept only to interpolate with
         {name: param.detach().clone() for name, param in setup.model.named_parameters()}
@@ -81,8 +84,6 @@ def post_train(args, config, model_args, split) -> dict:
         else {}
     )
     trainer = build_trainer(setup, args, config, train, keep)
-    if setup.resume is None:
-        remove_old_checkpoints(config.output_dir)
     with split.part("method"):
         train_metrics = trainer.train(resume_from_checkpoint=setup.resume).metrics
     selection = final_weights(trainer, keep, setup, args, start_weights)

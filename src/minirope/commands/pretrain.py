@@ -36,9 +36,8 @@ from minirope.data.pipeline import (
 )
 from minirope.data.sources import file_shards, text_sources
 from minirope.data.tokenizer import load_or_train_tokenizer
-from minirope.folders import check_output
 from minirope.output.card import card_name, model_card, optimizer_description, own_licence
-from minirope.output.folder import check_not_foreign, check_previous_run, finish_run, remove_old_checkpoints
+from minirope.output.folder import begin_writing, check_previous_run, finish_run
 from minirope.tokenizer_format import RESERVED_TOKENS
 from minirope.training.arguments import OPTIM_HIDDEN_HELP, MiniRopeTrainingArguments, parse_cli_args, start_run
 from minirope.training.checkpoints import check_resume
@@ -269,8 +268,6 @@ def check_flags(data_args: DataArguments, training_args: PretrainingArguments, s
         raise ValueError("--streaming needs --max_steps > 0: a stream has no length to count epochs in.")
     if data_args.streaming:
         check_stream_workers(training_args.dataloader_num_workers)
-    check_output(start.output_dir, "--output_dir", {"--tokenizer_name_or_path": data_args.tokenizer_name_or_path})
-    check_not_foreign(start.output_dir, training_args.overwrite_output_dir)  # before the tokenizer is trained
 
 
 def sample(model, tokenizer, prompt: str, max_new_tokens: int, seed: int) -> str:
@@ -293,7 +290,8 @@ def run(argv: list[str] | None = None) -> dict:
         NonFiniteLossError: the loss became NaN/inf; the last good checkpoint is kept.
     """
     dataclasses = (ArchitectureArguments, DataArguments, PretrainingArguments)
-    model_args, data_args, training_args, start = start_run(dataclasses, argv)
+    inputs = lambda model_args, data_args: {"--tokenizer_name_or_path": data_args.tokenizer_name_or_path}  # noqa: E731
+    model_args, data_args, training_args, start = start_run(dataclasses, argv, inputs)
     check_flags(data_args, training_args, start)
     if data_args.train_file and not (data_args.validation_file or data_args.streaming or data_args.dataset_name):
         train_shards, validation_shards = file_shards(data_args.train_file, data_args.text_column), None
@@ -328,8 +326,7 @@ def run(argv: list[str] | None = None) -> dict:
         processing_class=tokenizer,
     )
 
-    if start.resume is None:
-        remove_old_checkpoints(start.output_dir)
+    begin_writing(start.output_dir, "minirope-pretrain", resuming=start.resume is not None)
     train_result = trainer.train(resume_from_checkpoint=start.resume)
     eval_metrics = final_evaluation(trainer)
 
@@ -419,7 +416,8 @@ def report(trainer, data_args, start, measures: Measures) -> None:
         f"model written to {start.output_dir}/ (load it with AutoModelForCausalLM.from_pretrained)",
         *([f"sample:\n{text}"] if text else []),
     ]
-    finish_run(trainer, train_metrics=train_metrics, eval_metrics=eval_metrics, card=card, summary=summary, lines=lines)
+    finish_run(trainer, train_metrics=train_metrics, eval_metrics=eval_metrics, card=card, summary=summary, lines=lines,
+               command="minirope-pretrain")  # fmt: skip
 
 
 def main() -> None:

@@ -13,9 +13,12 @@ from pathlib import Path
 
 from accelerate import PartialState
 from huggingface_hub import HfApi, constants, get_token, snapshot_download
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError
+from huggingface_hub.utils import validate_repo_id
 from transformers import TrainingArguments
 
+from minirope.folders import first_line
+from minirope.output import owned
 from minirope.output.folder import checkpoint_folders
 
 HUB_CHECKPOINT = "last-checkpoint"  # where the Trainer pushes each checkpoint with --hub_strategy checkpoint
@@ -36,6 +39,28 @@ def check_push(args: TrainingArguments) -> None:
     """
     if args.push_to_hub:
         args.hub_model_id = check_write_access(hub_repo(args), args.hub_token, "--push_to_hub")
+
+
+class TokenNotSaved:
+    """`TrainingArguments` mixin: `--hub_token` is never written to disk. The Trainer pickles its arguments as
+    `training_args.bin` into every checkpoint and the final folder, and pushes it; transformers masks the token in
+    logs and `to_dict`, not there. The pickled copy holds `hub_token` None; the running process keeps the token."""
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "hub_token": None}
+
+
+def check_repo_id(repo: str, flag: str) -> None:
+    """A repository id the Hub accepts (`huggingface_hub.utils.validate_repo_id`), checked when the flags are parsed.
+
+    Raises:
+        ValueError: naming the flag, the id and the rule.
+    """
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as error:
+        raise ValueError(f"{flag}: {repo!r} is not a Hub repository id ({first_line(error)}): give name or "
+                         f"namespace/name, letters, digits, '-', '_' and '.'.") from None  # fmt: skip
 
 
 def role(who: dict) -> str | None:
@@ -68,6 +93,7 @@ def check_write_access(repo: str, token: str | None, flag: str) -> str:
     Raises:
         ValueError: naming what is missing or refused, the Hub's address and the fix (`flag` names the option).
     """
+    check_repo_id(repo, f"{flag} ({repo})" if flag != "--push_to_hub" else flag)
     token = token or get_token()
     if not token:
         raise ValueError(
@@ -136,7 +162,7 @@ def download_checkpoint(args: TrainingArguments) -> str | None:
     try:
         if not api.file_exists(repo, f"{HUB_CHECKPOINT}/trainer_state.json", revision=args.hub_revision, token=token):
             return None
-        download = Path(args.output_dir) / ".hub-checkpoint"
+        download = Path(args.output_dir) / owned.MARKER_DIR / "hub-checkpoint"
         shutil.rmtree(download, ignore_errors=True)
         snapshot_download(repo, revision=args.hub_revision, allow_patterns=f"{HUB_CHECKPOINT}/*", local_dir=download,
                           token=token)  # fmt: skip
@@ -146,11 +172,18 @@ def download_checkpoint(args: TrainingArguments) -> str | None:
             f"{constants.ENDPOINT} ({type(error).__name__}: {error}): check the network, or resume from a local "
             f"checkpoint folder."
         ) from None
-    step = json.loads((download / HUB_CHECKPOINT / "trainer_state.json").read_text())["global_step"]
+    state = json.loads((download / HUB_CHECKPOINT / "trainer_state.json").read_text())
+    step = state.get("global_step") if isinstance(state, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        shutil.rmtree(download, ignore_errors=True)
+        raise ValueError(f"--resume_from_checkpoint last: {HUB_CHECKPOINT}/trainer_state.json of {repo} gives no step "
+                         f"(global_step {step!r}): resume from a local checkpoint folder.")  # fmt: skip
     target = Path(args.output_dir) / f"checkpoint-{step}"
-    shutil.rmtree(target, ignore_errors=True)
+    if target.exists():  # a torn local checkpoint of that step: this run's own (`claim` took the folder)
+        shutil.rmtree(target)
     (download / HUB_CHECKPOINT).rename(target)
     shutil.rmtree(download)
+    owned.fsync_dir(args.output_dir)
     print(f"[minirope] no checkpoint in {args.output_dir}: resuming from {repo}'s {HUB_CHECKPOINT} (step {step}) on "
           f"the Hub, downloaded to {target}")  # fmt: skip
     return str(target)

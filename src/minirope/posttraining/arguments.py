@@ -14,6 +14,7 @@ import torch
 from trl import DistillationConfig, DPOConfig, GRPOConfig, ModelConfig, ScriptArguments
 
 from minirope.data.pipeline import check_percentage
+from minirope.output.hub import TokenNotSaved
 from minirope.posttraining.reward_calls import REJECTED_BY
 from minirope.posttraining.verse import VERSE_REJECTED_BY, verse_rewards
 from minirope.training.arguments import LORA_TARGETS
@@ -194,7 +195,18 @@ class PosttrainArguments(ScriptArguments):
         },
     )
     overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Replace a model of another architecture in --output_dir."}
+        default=False,
+        metadata={
+            "help": "Replace a model of another architecture that minirope wrote in --output_dir, or write the run "
+            "into a folder of your files (they are left as they are)."
+        },
+    )
+    push_data: bool = field(
+        default=False,
+        metadata={
+            "help": "With --push_to_hub, push the data too: preference_pairs.jsonl (your rows, every column) and the "
+            "held-out prompts with the model's replies in run_summary.json; by default they stay on this machine."
+        },
     )
     heap_trim_seconds: float = field(default=TRIM_INTERVAL_S, metadata={"help": HEAP_TRIM_HELP})
     eval_prompts: int | None = field(
@@ -344,7 +356,7 @@ POSTTRAINING_FLOAT32 = "GRPO learned less in bf16, or no more in more time (docs
 
 
 @dataclass
-class CpuDefaults:
+class CpuDefaults(TokenNotSaved):
     """Defaults every method's TRL config takes here: float32 on a CPU (`POSTTRAINING_FLOAT32`: bf16 learned less,
     even where its products run faster; the line `precision_line` holds gives their measured speed), bf16 on a GPU
     that supports it (`decide_bf16`; TRL's own default is bf16 everywhere, emulated and slow on CPUs without

@@ -29,7 +29,7 @@ from minirope.data.bundled import BUNDLED_CORPUS, bundled_shards
 from minirope.data.documents import Shard
 from minirope.data.pipeline import TextDataArguments, data_description, training_blocks
 from minirope.data.sources import dataset_shards, file_shards
-from minirope.output.card import OwnModelCard
+from minirope.output.folder import OwnFolder
 from minirope.posttraining.arguments import LM_COEF, SFT_LM_COEF, PosttrainArguments
 from minirope.posttraining.rollouts import MergedRollouts
 
@@ -154,16 +154,16 @@ class CorpusTerm:
         return loss
 
 
-class MiniRopeGRPOTrainer(OwnModelCard, CorpusTerm, MergedRollouts, GRPOTrainer):
+class MiniRopeGRPOTrainer(OwnFolder, CorpusTerm, MergedRollouts, GRPOTrainer):
     """TRL's `GRPOTrainer`, with the corpus term of `CorpusTerm`, a LoRA model's rollouts on its merged adapter
     (`MergedRollouts`) and minirope's model card."""
 
 
-class MiniRopeDPOTrainer(OwnModelCard, CorpusTerm, DPOTrainer):
+class MiniRopeDPOTrainer(OwnFolder, CorpusTerm, DPOTrainer):
     """TRL's `DPOTrainer`, with the corpus term of `CorpusTerm` and minirope's model card."""
 
 
-class MiniRopeDistillationTrainer(OwnModelCard, CorpusTerm, MergedRollouts, DistillationTrainer):
+class MiniRopeDistillationTrainer(OwnFolder, CorpusTerm, MergedRollouts, DistillationTrainer):
     """TRL's `DistillationTrainer`, with the corpus term of `CorpusTerm`, a LoRA student's completions on its merged
     adapter (`MergedRollouts`) and minirope's model card."""
 

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
+from minirope.output.owned import write_atomic
 from minirope.posttraining.measures import GREEDY, reward_means, sample
 from minirope.posttraining.reward_calls import weighted_reward
 
@@ -196,14 +197,13 @@ class KeepBest(TrainerCallback):
         if not self.selection.history or self.selection.history[-1]["step"] != state.global_step:
             self.record(model, state.global_step)  # stopped early (a callback, an epoch's end)
 
-    def on_save(self, args, state, control, **kwargs):
+    def save_to_checkpoint(self, folder: Path, args, state) -> None:
         """Each checkpoint carries the measures so far and the best weights, so that a resumed run keeps the same
-        model as an uninterrupted one."""
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if state.is_world_process_zero and folder.is_dir():
-            save_file(self.best_weights, folder / BEST_WEIGHTS)
-            state = {"history": self.selection.history, "before_warm_start": self.selection.before}
-            (folder / HISTORY).write_text(json.dumps(state))
+        model as an uninterrupted one; `OwnFolder` calls this before the Trainer writes `trainer_state.json`, which
+        marks the checkpoint complete."""
+        save_file(self.best_weights, folder / BEST_WEIGHTS)
+        history = {"history": self.selection.history, "before_warm_start": self.selection.before}
+        write_atomic(folder / HISTORY, json.dumps(history))
 
     def resume(self, checkpoint: str | None) -> None:
         """Take the measures (step 0's included, and the score before a warm start) and the best weights a checkpoint

@@ -5,6 +5,7 @@ from pathlib import Path
 from accelerate import PartialState
 from datasets import Dataset
 
+from minirope.output import owned
 from minirope.posttraining.measures import SAMPLING, sample
 from minirope.posttraining.reward_calls import own_pairs
 
@@ -29,6 +30,7 @@ def own_preference_pairs(setup, args, config) -> Dataset:
     path, dataset = Path(config.output_dir) / PAIRS_FILE, Dataset.from_list(pairs)
     if PartialState().is_main_process:  # every process ranks the same samples (`sample`): one writes them
         path.parent.mkdir(parents=True, exist_ok=True)
+        owned.record(path.parent, "minirope-posttrain", [PAIRS_FILE])  # the run's own, before it is written
         dataset.to_json(path, lines=True)
         print(f"[minirope] {len(pairs)} preference pairs from the model's own samples: {path}")
     return dataset

@@ -51,7 +51,7 @@ def write_run(trainer, setup, args, before, after, train_metrics: dict, selectio
     print(f"[minirope] {split.line()}")
     with split.part("writing"):
         finish_run(trainer, train_metrics=train_metrics, eval_metrics=eval_metrics, card=card, summary=summary,
-                   lines=[line, gained])  # fmt: skip
+                   lines=[line, gained], command="minirope-posttrain", push_data=args.push_data)  # fmt: skip
     summary["time_split"] = split.as_dict()
     return summary
 

@@ -5,7 +5,7 @@ data, corpus term and warm start), `build_trainer` (the method's TRL trainer, wi
 from dataclasses import dataclass
 
 from minirope.folders import ModelArguments, check_output, load_causal_lm
-from minirope.output.folder import check_previous_run
+from minirope.output.folder import check_previous_run, claim
 from minirope.output.hub import check_push
 from minirope.posttraining.corpus import (
     TRAINERS,
@@ -60,12 +60,14 @@ def prepare(args, config, model_args) -> Setup:
     Raises:
         ValueError, OSError: naming the flag, the folder or the file.
     """
-    check_push(config)
-    resume = resolve_resume(config)
     teacher_path = getattr(config, "teacher_model_name_or_path", None)
-    check_flags(args, config, model_args)
     inputs = {"--model_name_or_path": model_args.model_name_or_path, "--teacher_model_name_or_path": teacher_path}
     check_output(config.output_dir, "--output_dir", inputs)
+    check_push(config)
+    check_flags(args, config, model_args)
+    resuming = config.resume_from_checkpoint not in (None, "", "False", "false")
+    claim(config.output_dir, args.overwrite_output_dir, resuming)
+    resume = resolve_resume(config)
     data = load_task_data(args, config.seed)
     defaults = verse_rewards(args.method) if data.verse and not args.reward_funcs else {}
     names = args.reward_funcs or list(defaults)

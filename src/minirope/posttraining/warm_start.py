@@ -44,6 +44,7 @@ from trl.data_utils import is_conversational
 from minirope.data.blocks import default_block_size
 from minirope.data.documents import expand_files, read_utf8
 from minirope.folders import ModelArguments, load_causal_lm
+from minirope.output import owned
 from minirope.output.folder import checkpoint_folders
 from minirope.posttraining.corpus import CorpusTerm, add_corpus
 from minirope.posttraining.data import read_files
@@ -205,6 +206,7 @@ def warm_start_folder(output_dir: str) -> Path:
     """Where the warm-started model is kept for the run: `<output_dir>/_warm_start` on the main process, a temporary
     folder of its own on any other (several processes never write one folder)."""
     if PartialState().is_main_process:
+        owned.record(output_dir, "minirope-posttrain", [WARM_START_FOLDER])  # the run's own, before it is written
         return kept_folder(output_dir)
     folder = tempfile.mkdtemp(prefix="minirope-warm-start-")
     atexit.register(shutil.rmtree, folder, True)  # TRL's reference model is read from it during training

@@ -10,6 +10,7 @@ import ctypes.util
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,8 +20,9 @@ from transformers import HfArgumentParser, TrainingArguments, set_seed
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from minirope.data.documents import read_utf8
-from minirope.folders import first_line
-from minirope.output.hub import check_push
+from minirope.folders import check_output, first_line
+from minirope.output.folder import claim
+from minirope.output.hub import TokenNotSaved, check_push
 from minirope.training.checkpoints import resolve_resume
 from minirope.training.optimizers import MUON_MOMENTUM
 from minirope.training.precision import decide_bf16
@@ -36,12 +38,16 @@ OPTIM_HIDDEN_HELP = (
 
 
 @dataclass
-class MiniRopeTrainingArguments(TrainingArguments):
+class MiniRopeTrainingArguments(TokenNotSaved, TrainingArguments):
     """`TrainingArguments` with the defaults the minirope commands share, `--overwrite_output_dir` and
     `--attn_implementation`."""
 
     overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Replace a different model already in --output_dir."}
+        default=False,
+        metadata={
+            "help": "Replace a model of another architecture that minirope wrote in --output_dir, or write the run "
+            "into a folder of your files (they are left as they are)."
+        },
     )
     attn_implementation: str | None = field(
         default=None,
@@ -238,21 +244,27 @@ class RunStart:
         return round(time.perf_counter() - self.started, 1)
 
 
-def start_run(dataclass_types: tuple, argv: list[str] | None = None) -> tuple:
-    """Parse `argv` into `dataclass_types` (the last one a `TrainingArguments`), seed, tune the allocator on CPU and
-    find the checkpoint to resume (on the Hub too); with `--push_to_hub`, check the push can happen. Returns the parsed
-    arguments followed by a `RunStart`.
+def start_run(dataclass_types: tuple, argv: list[str] | None, inputs: Callable[..., dict]) -> tuple:
+    """Parse `argv` into `dataclass_types` (the last one a `TrainingArguments`), seed, tune the allocator on CPU, check
+    the output folder against the run's `inputs` (a function of the parsed arguments: flag -> path), with
+    `--push_to_hub` check the push can happen, check the output folder is the run's to write (`claim`),
+    and find the checkpoint to resume (on the Hub too): every check before anything is written or downloaded. Returns
+    the parsed arguments followed by a `RunStart`.
 
     Raises:
         FileNotFoundError: `--resume_from_checkpoint` names no checkpoint (see `resolve_resume`).
-        ValueError: a push that cannot happen (`minirope.output.hub.check_push`).
+        ValueError: an output folder that is an input, holds one or is not the run's to write (`claim`); a push that
+            cannot happen (`minirope.output.hub.check_push`).
     """
     started = time.perf_counter()
     *arguments, training_args = parse_cli_args(dataclass_types, argv)
     set_seed(training_args.seed)
     if training_args.precision_line:  # chosen here, not by a flag: said before any work
         print(f"[minirope] {training_args.precision_line}; torch.compile: {training_args.torch_compile}")
+    check_output(training_args.output_dir, "--output_dir", inputs(*arguments))
     check_push(training_args)
+    resuming = training_args.resume_from_checkpoint not in (None, "", "False", "false")
+    claim(training_args.output_dir, training_args.overwrite_output_dir, resuming)
     if training_args.device.type == "cpu":
         reuse_freed_memory()
     run = RunStart(started, Path(training_args.output_dir), resolve_resume(training_args))

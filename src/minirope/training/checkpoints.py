@@ -21,18 +21,24 @@ from minirope.output.hub import hub_checkpoint
 
 logger = logging.getLogger(__name__)
 STATE = "trainer_state.json"
+STREAM_STATE = "stream_state.json"  # in each checkpoint of a streaming run: the stream's position
+EXTRAS = (STREAM_STATE, "keep_best.json")  # written before STATE by `OwnFolder`; each read by a resume
 
 
 def safetensors_problem(path: Path) -> str | None:
-    """Why a safetensors file is unreadable (a header that does not parse, or data shorter than it says), or None."""
+    """Why a safetensors file is unreadable (a header length past the file's end, a header that does not parse or
+    is not the format's mapping, or data shorter than it says), or None. Nothing larger than the file is read."""
+    size = path.stat().st_size
     try:
         with open(path, "rb") as file:
             (length,) = struct.unpack("<Q", file.read(8))
+            if 8 + length > size:
+                return f"its header length ({length} bytes) runs past the file's {size} bytes"
             header = json.loads(file.read(length))
-    except (struct.error, ValueError, UnicodeDecodeError):
+        ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+        end = max((int(value) for value in ends), default=0)
+    except (struct.error, ValueError, UnicodeDecodeError, AttributeError, TypeError, KeyError, IndexError):
         return "its header does not parse"
-    end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
-    size = path.stat().st_size
     return f"it holds {size} bytes of the {8 + length + end} its header describes" if size < 8 + length + end else None
 
 
@@ -41,10 +47,15 @@ def checkpoint_problem(folder: Path) -> str | None:
     state = folder / STATE
     if not state.is_file():
         return f"{state} is missing (the checkpoint was cut short)"
-    try:
-        json.loads(state.read_text())
-    except (ValueError, UnicodeDecodeError):
-        return f"{state} is not JSON"
+    for path in [state, *(folder / name for name in EXTRAS)]:
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError):
+            return f"{path} is not JSON"
+        if path == state and not (isinstance(data, dict) and type(data.get("global_step")) is int):
+            return f"{state} gives no step (global_step)"
     # What the Trainer wrote before trainer_state.json; which files there are depends on the run (sharded weights,
     # FSDP's sharded state, --save_only_model), so each one present is checked, none is required.
     for path in sorted(folder.glob("*.safetensors")):
@@ -108,8 +119,8 @@ def resolve_resume(training_args: TrainingArguments) -> str | None:
 
 
 def check_resume(resume: str | None, config: PreTrainedConfig, max_steps: int, streaming: bool = False) -> None:
-    """Refuse to resume a checkpoint of another model, one already at or past `--max_steps`, or (`streaming`) one
-    without the stream's position.
+    """Refuse to resume a checkpoint of another model, one past `--max_steps`, or (`streaming`) one without the
+    stream's position. One at `--max_steps` (a run stopped after its last checkpoint) is measured and written.
 
     Raises:
         ValueError: naming the first architecture field that differs (both values), the steps, or the file.
@@ -128,14 +139,14 @@ def check_resume(resume: str | None, config: PreTrainedConfig, max_steps: int, s
                 f"{new.get(field)!r}): resume with the flags it was trained with, or train without resuming."
             )
     step = json.loads((Path(resume) / STATE).read_text()).get("global_step", 0)
-    if 0 < max_steps <= step:
+    if 0 < max_steps < step:
         raise ValueError(
             f"--resume_from_checkpoint {resume} is at step {step}, and --max_steps is {max_steps}: nothing is left to "
             f"train; raise --max_steps to train further."
         )
-
-
-STREAM_STATE = "stream_state.json"  # in each checkpoint of a streaming run: the stream's position
+    if step == max_steps:  # a run stopped after its last checkpoint (killed while it measured or wrote the folder)
+        print(f"[minirope] {resume} is at --max_steps ({step}): nothing is left to train; it is measured and written "
+              f"as the finished model")  # fmt: skip
 
 
 def read_stream_state(checkpoint: str | Path) -> dict:

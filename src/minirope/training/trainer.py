@@ -8,11 +8,12 @@ from pathlib import Path
 
 import torch
 from transformers import SchedulerType, Trainer, TrainerCallback, default_data_collator
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_peft_model
+from transformers.trainer_utils import unwrap_peft_model
 
 from minirope.cpu_products import use_measured_products
 from minirope.data.stream import BlockStream
-from minirope.output.card import OwnModelCard
+from minirope.output.folder import OwnFolder
+from minirope.output.owned import write_atomic
 from minirope.training.checkpoints import STREAM_STATE, last_complete_checkpoint, read_stream_state
 from minirope.training.errors import NonFiniteLossError
 from minirope.training.metrics import language_model_metrics
@@ -32,7 +33,7 @@ def check_stream_workers(num_workers: int) -> None:
         )
 
 
-class MiniRopeTrainer(OwnModelCard, Trainer):
+class MiniRopeTrainer(OwnFolder, Trainer):
     """`Trainer` that stops on a NaN/inf loss, and leaves the model card to minirope.
 
     The check reads one scalar per micro-batch (a device sync on GPU, free on CPU). It runs before the
@@ -165,11 +166,10 @@ class StreamPosition(TrainerCallback):
         if self.resume_state is not None:
             self.stream.load_state_dict(self.resume_state)
 
-    def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-            position = self.stream.state_at(state.global_step * self.blocks_per_step(args))
-            (folder / STREAM_STATE).write_text(json.dumps(position))
+    def save_to_checkpoint(self, folder: Path, args, state) -> None:
+        """Called by `OwnFolder` before the Trainer's files: a checkpoint counts as complete only with its position."""
+        position = self.stream.state_at(state.global_step * self.blocks_per_step(args))
+        write_atomic(folder / STREAM_STATE, json.dumps(position))
 
 
 def final_evaluation(trainer: Trainer) -> dict:
