@@ -1,7 +1,9 @@
 """What a run leaves behind, and where it goes:
 
-    folder  an earlier run in the output folder (another model refused, a finished one announced), atomic
-            publication (`finish_run`: staged, then moved in), the push of the finished folder
+    owned   what a command may touch: the marker of what it wrote, the lock, the places never replaced, durable writes
+    folder  the output folder claimed and taken, an earlier run in it (another model refused, a finished one
+            announced), publication by journal (`finish_run`), the push of what the run published, the Trainer's
+            checkpoints kept to the folder rules (`OwnFolder`)
     card    the model card every command writes (`model_card`, `card_name`, `optimizer_description`)
     hub     every Hub rule, through `huggingface_hub`: the repo id, the push checked before any work (token, write
             access to the namespace), the resume from the Hub's `last-checkpoint/`
