@@ -20,9 +20,9 @@ from hub_server import LoopbackHub
 from test_bad_input import cli_error
 from transformers import AutoModelForCausalLM
 
+from minirope import owned
 from minirope.commands import export, import_model, pretrain
 from minirope.output import folder as run_folder
-from minirope.output import owned
 from minirope.training.checkpoints import checkpoint_problem, last_complete_checkpoint, safetensors_problem
 
 CANARY = "hf_canary_5f3a9c1e7b"
@@ -126,7 +126,7 @@ def test_a_second_run_on_a_folder_in_use_is_refused_and_a_dead_ones_is_not(tiny_
     out = tmp_path / "run"
     shutil.copytree(tiny_pretrained, out)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from minirope.output import owned; "
+        [sys.executable, "-c", "import sys, time; from minirope import owned; "
          "owned.lock(sys.argv[1], 'minirope-pretrain'); print('held', flush=True); time.sleep(60)", str(out)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

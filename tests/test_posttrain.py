@@ -975,7 +975,7 @@ def test_a_run_with_a_warm_start_killed_after_its_second_checkpoint_resumes_to_t
     assert want["kept"]["kept_step"] == 2 and (tmp_path / "whole" / WARM_START_FOLDER).is_dir()  # checkpoints remain
     killed = tmp_path / "killed"
     killed.mkdir()
-    for name in ("checkpoint-1", "checkpoint-2", WARM_START_FOLDER):
+    for name in ("checkpoint-1", "checkpoint-2", WARM_START_FOLDER, ".minirope"):  # the marker: the run's folder
         shutil.copytree(tmp_path / "whole" / name, killed / name)
     monkeypatch.setattr(setup, "warm_start", lambda *args: pytest.fail("the warm start was trained again"))
     capsys.readouterr()

@@ -38,10 +38,10 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from minirope import owned
 from minirope.convert import half_split_to_interleaved, to_llama
 from minirope.folders import ModelArguments, load_causal_lm
 from minirope.modeling_minirope import MiniRopeForCausalLM
-from minirope.output import owned
 from minirope.tokenizer_format import GENERATION_TAG, PRE_TOKENIZER_PATTERN
 
 FORMATS = ("llama", "gguf", "onnx", "executorch")

@@ -1,6 +1,5 @@
 """What a run leaves behind, and where it goes:
 
-    owned   what a command may touch: the marker of what it wrote, the lock, the places never replaced, durable writes
     folder  the output folder claimed and taken, an earlier run in it (another model refused, a finished one
             announced), publication by journal (`finish_run`), the push of what the run published, the Trainer's
             checkpoints kept to the folder rules (`OwnFolder`)
@@ -8,6 +7,8 @@
     hub     every Hub rule, through `huggingface_hub`: the repo id, the push checked before any work (token, write
             access to the namespace), the resume from the Hub's `last-checkpoint/`
     plots   the loss-curve plot
+
+What a command may touch (the marker, the lock, durable writes) is `minirope.owned`'s.
 
 It imports the top-level model files only, never `data`, `training` or the commands.
 """

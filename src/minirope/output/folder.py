@@ -2,7 +2,7 @@
 `--overwrite_output_dir`; one run at a time), and publishing the finished model whole (its card is
 `minirope.output.card`'s).
 
-What minirope may touch is `minirope.output.owned`'s rule: the entries the folder's marker lists. The final files are
+What minirope may touch is `minirope.owned`'s rule: the entries the folder's marker lists. The final files are
 first written to `<output_dir>/.staging` and fsynced; then a journal (`.minirope/publish.json`) naming them is written,
 and each is moved into `output_dir` with `os.replace` (atomic on one filesystem), the weights next to last and
 `config.json` last; then the journal goes. A kill before the journal leaves the previous model as it was; a kill
@@ -25,9 +25,9 @@ from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy
 from transformers.utils import PushInProgress
 
+from minirope import owned
 from minirope.configuration_minirope import ARCHITECTURE_FIELDS
 from minirope.folders import first_line
-from minirope.output import owned
 from minirope.output.card import OwnModelCard
 
 MARKERS = ("adapter_config.json", "config.json")  # moved last: their presence means "complete"
@@ -259,6 +259,7 @@ def finish_run(trainer, *, train_metrics: dict, eval_metrics: dict, card: ModelC
         push_folder(trainer.args, output_dir, push_data)
     if trainer.is_world_process_zero():
         print("\n" + "\n".join(f"[minirope] {line}" for line in lines))
+    owned.unlock(output_dir)  # the run is over: a later command of this process, or another, may take the folder
 
 
 PUSH_MESSAGE = "minirope: end of training"

@@ -17,8 +17,8 @@ from huggingface_hub.errors import HfHubHTTPError, HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from transformers import TrainingArguments
 
+from minirope import owned
 from minirope.folders import first_line
-from minirope.output import owned
 from minirope.output.folder import checkpoint_folders
 
 HUB_CHECKPOINT = "last-checkpoint"  # where the Trainer pushes each checkpoint with --hub_strategy checkpoint

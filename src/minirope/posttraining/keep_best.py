@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
-from minirope.output.owned import write_atomic
+from minirope.owned import write_atomic
 from minirope.posttraining.measures import GREEDY, reward_means, sample
 from minirope.posttraining.reward_calls import weighted_reward
 

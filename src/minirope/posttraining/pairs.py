@@ -5,7 +5,7 @@ from pathlib import Path
 from accelerate import PartialState
 from datasets import Dataset
 
-from minirope.output import owned
+from minirope import owned
 from minirope.posttraining.measures import SAMPLING, sample
 from minirope.posttraining.reward_calls import own_pairs
 

@@ -41,10 +41,10 @@ from datasets import Dataset
 from trl import SFTConfig, SFTTrainer, get_peft_config
 from trl.data_utils import is_conversational
 
+from minirope import owned
 from minirope.data.blocks import default_block_size
 from minirope.data.documents import expand_files, read_utf8
 from minirope.folders import ModelArguments, load_causal_lm
-from minirope.output import owned
 from minirope.output.folder import checkpoint_folders
 from minirope.posttraining.corpus import CorpusTerm, add_corpus
 from minirope.posttraining.data import read_files

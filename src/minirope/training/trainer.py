@@ -13,7 +13,7 @@ from transformers.trainer_utils import unwrap_peft_model
 from minirope.cpu_products import use_measured_products
 from minirope.data.stream import BlockStream
 from minirope.output.folder import OwnFolder
-from minirope.output.owned import write_atomic
+from minirope.owned import write_atomic
 from minirope.training.checkpoints import STREAM_STATE, last_complete_checkpoint, read_stream_state
 from minirope.training.errors import NonFiniteLossError
 from minirope.training.metrics import language_model_metrics
