@@ -27,6 +27,7 @@ from minirope.training.checkpoints import checkpoint_problem, last_complete_chec
 
 CANARY = "hf_canary_5f3a9c1e7b"
 REPLACE = os.replace  # the real one, for the patched renames below
+FSYNC_TREE = owned.fsync_tree
 QUICK = [*TINY_RUN[: TINY_RUN.index("--max_steps")], "--max_steps", "2", "--eval_steps", "2", "--save_steps", "2",
          "--logging_steps", "1", "--per_device_train_batch_size", "4", "--max_train_samples", "16",
          "--max_eval_samples", "4", "--sample_max_new_tokens", "0", "--warmup_steps", "0",
@@ -289,3 +290,122 @@ def test_a_repo_id_the_hub_refuses_is_one_line_before_any_work(tiny_pretrained, 
 def test_the_pushed_summary_leaves_out_the_held_out_prompts():
     summary = {"steps": 3, "samples": [{"before": {"prompt": "secret"}}], "before": {"samples": ["x"], "prompts": 2}}
     assert run_folder.public(summary) == {"steps": 3, "before": {"prompts": 2}}
+
+
+def test_a_document_without_a_cut_point_is_held_in_bounded_pieces():
+    """CJK text without spaces, base64 and NULs have no single space or newline to cut at exactly: they are cut
+    anyway once `max_uncut_chars` are held, so no piece outgrows that, and the text is kept whole."""
+    from minirope.data.tokenizer import TextPieces
+
+    cjk, base64 = "天地玄黄宇宙洪荒日月盈昃辰宿列张" * 4000, "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo=" * 2000
+    for text in (cjk, base64, "\0" * 64000):
+        pieces = TextPieces(None, piece_chars=1000, max_uncut_chars=6000)
+        chunks = (text[at : at + 500] for at in range(0, len(text), 500))
+        cut = list(pieces.pieces(chunks))
+        assert "".join(cut) == text and max(map(len, cut)) <= 6000 + 500 and pieces.forced >= len(text) // 7000
+
+
+def test_a_config_that_cannot_fit_the_machine_is_refused_before_anything_is_allocated(
+    tiny_pretrained, tmp_path, monkeypatch, capsys
+):
+    folder = tmp_path / "huge"
+    shutil.copytree(tiny_pretrained, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(hidden_size=65536, intermediate_size=262144, num_hidden_layers=512, num_attention_heads=512,
+                  num_key_value_heads=512, head_dim=128)  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    argv = ["--model", str(folder), "--format", "llama", "--output", str(tmp_path / "llama")]
+    err = cli_error(export.main, argv, monkeypatch, capsys)
+    assert "declares" in err and "B parameters" in err and "more than this machine's" in err, err
+    assert not (tmp_path / "llama").exists()
+
+
+def training_command(name: str, model: Path, root: Path, monkeypatch) -> tuple:
+    """A command that trains, with tiny flags (its `run` and its argv less `--output_dir`)."""
+    from test_bad_input_table import TINY_EXTEND
+    from test_finetune import FAST
+    from test_posttrain import user_task
+
+    from minirope.commands import extend, finetune, posttrain
+
+    flags = {
+        "finetune": (finetune.run, ["--model_name_or_path", str(model), "--play", "the-tempest", *FAST]),
+        "extend": (extend.run, ["--model_name_or_path", str(model), "--rope_type", "yarn", *TINY_EXTEND]),
+        "posttrain": (posttrain.run, [*user_task(root, monkeypatch), "--model_name_or_path", str(model)]),
+    }
+    return flags[name]
+
+
+@pytest.mark.parametrize("command", ["finetune", "extend", "posttrain"])
+def test_a_kill_or_a_full_disk_while_a_command_publishes_leaves_a_model_and_the_users_files(
+    tiny_pretrained, tmp_path, monkeypatch, command
+):
+    """Each command that trains, run again into its folder beside a file of the user's: a full disk while it
+    publishes leaves the previous model and says so (an OSError); a kill in the middle of its moves leaves a folder
+    that loads; the same command then completes and publishes; the user's file is byte-identical throughout."""
+    run, argv = training_command(command, tiny_pretrained, tmp_path, monkeypatch)
+    out = tmp_path / "out"
+    run([*argv, "--output_dir", str(out)])
+    (out / "mine.txt").write_text("the user's")
+    before = (out / "model.safetensors").read_bytes()
+
+    def full(path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(owned, "fsync_tree", full)
+    with pytest.raises(OSError, match="No space left"):
+        run([*argv, "--output_dir", str(out)])
+    monkeypatch.setattr(owned, "fsync_tree", FSYNC_TREE)
+    assert (out / "model.safetensors").read_bytes() == before
+    AutoModelForCausalLM.from_pretrained(out)
+
+    def killed(source, target):
+        if "/.staging/" in str(source) and str(target).endswith("model.safetensors"):
+            raise KeyboardInterrupt("killed")
+        REPLACE(source, target)
+
+    monkeypatch.setattr(run_folder.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run([*argv, "--output_dir", str(out)])
+    monkeypatch.setattr(run_folder.os, "replace", REPLACE)
+    AutoModelForCausalLM.from_pretrained(out)  # the old weights beside the new run's other files: one architecture
+    assert (out / run_folder.JOURNAL).is_file()
+    run([*argv, "--output_dir", str(out)])
+    AutoModelForCausalLM.from_pretrained(out)
+    assert not (out / run_folder.JOURNAL).exists() and (out / "mine.txt").read_text() == "the user's"
+
+
+@pytest.mark.parametrize("command", ["export", "import"])
+def test_a_kill_or_a_full_disk_while_exporting_or_importing_leaves_the_previous_output(
+    tiny_pretrained, tmp_path, monkeypatch, capsys, command
+):
+    """An export or import over its previous output: a full disk while the new one is fsynced, or a kill at the swap,
+    leaves the previous output whole at its path and no scratch folder behind a failure."""
+    from minirope import export as export_library
+
+    source = export.export_llama(tiny_pretrained, tmp_path / "llama") if command == "import" else tiny_pretrained
+    main = {"export": export.run, "import": import_model.run}[command]
+    output = tmp_path / "out"
+    argv = {"export": ["--model", str(source), "--format", "llama", "--output", str(output)],
+            "import": [str(source), "--output_dir", str(output)]}[command]  # fmt: skip
+    main(argv)
+    before = tree(output)
+
+    def full(path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(owned, "fsync_tree", full)
+    with pytest.raises(OSError, match="No space left"):
+        main([*argv, "--overwrite", "True"])
+    monkeypatch.setattr(owned, "fsync_tree", FSYNC_TREE)
+
+    def killed(new, target):
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(export_library, "swap", killed)
+    with pytest.raises(KeyboardInterrupt):
+        main([*argv, "--overwrite", "True"])
+    monkeypatch.undo()
+    assert tree(output) == before
+    AutoModelForCausalLM.from_pretrained(output)
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []

@@ -88,6 +88,42 @@ def load_tokenizer(args: ModelArguments) -> PreTrainedTokenizerBase:
         ) from None
 
 
+def parameter_count(config: PreTrainedConfig) -> int:
+    """The parameters a Llama-architecture `config` declares (embeddings, attention, MLP, norms, an untied head),
+    counted from its sizes alone, before anything is allocated."""
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    mlp = 3 * hidden * config.intermediate_size
+    embeddings = config.vocab_size * hidden * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+    return embeddings + layers * (attention + mlp + 2 * hidden) + hidden
+
+
+def check_fits(config: PreTrainedConfig, source: str, dtype: torch.dtype = torch.float32) -> None:
+    """Refuse a config whose declared sizes cannot fit this machine's memory in `dtype`, before anything is
+    allocated (transformers allocates the declared tensors first, then reports the mismatch: an out-of-memory kill).
+
+    Raises:
+        ValueError: naming the source, the parameters declared, the bytes they need and the machine's memory.
+    """
+    import psutil
+
+    try:
+        needed = parameter_count(config) * torch.empty((), dtype=dtype).element_size()
+    except (AttributeError, TypeError, ZeroDivisionError):  # not a Llama-like config: transformers' checks apply
+        return
+    memory = psutil.virtual_memory().total
+    if needed > memory:
+        dtype_name = str(dtype).removeprefix("torch.")
+        raise ValueError(
+            f"the config of {source!r} declares {parameter_count(config) / 1e9:.1f}B parameters ({needed / 2**30:.1f} "
+            f"GiB in {dtype_name}), more than this machine's {memory / 2**30:.1f} GiB of memory: check its sizes "
+            f"(hidden_size, num_hidden_layers, vocab_size), or load it on a larger machine."
+        )
+
+
 def check_weights(path: str, loading: dict) -> None:
     """Refuse weights that do not fit the config, where transformers would re-initialise the tensors at random.
 
@@ -119,6 +155,8 @@ def load_causal_lm(args: ModelArguments, **kwargs) -> tuple[torch.nn.Module, Pre
     """
     config = kwargs.pop("config", None) or load_config(args)
     path = args.model_name_or_path
+    dtype = kwargs.get("dtype")
+    check_fits(config, path, dtype if isinstance(dtype, torch.dtype) else torch.float32)
     try:
         model, loading = AutoModelForCausalLM.from_pretrained(
             path,

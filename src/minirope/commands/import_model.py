@@ -25,7 +25,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, LlamaForCausalLM
 
 from minirope.commands import run_cli
-from minirope.folders import check_output, first_line, looks_local
+from minirope.folders import check_fits, check_output, first_line, looks_local
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -109,6 +109,7 @@ def check_source(args: ImportArguments):
             f"{args.source} is a {config.model_type} model ({architectures}): minirope-import reads Llama-architecture "
             f"checkpoints (LlamaForCausalLM: Llama 2/3, SmolLM, TinyLlama, ...), which minirope represents exactly."
         )
+    check_fits(config, args.source, DTYPES[args.dtype])
     if getattr(config, "pretraining_tp", 1) not in (None, 1):
         raise ValueError(
             f"{args.source} sets pretraining_tp {config.pretraining_tp}: minirope computes its products whole; set it "

@@ -44,6 +44,9 @@ from minirope.tokenizer_format import (
 # Where a text may be cut: a single space or a single newline between two other characters.
 CUT_POINT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")
 PIECE_CHARS = 1 << 16  # characters per piece: about 16k tokens
+# The most characters held while no exact cut point comes (CJK text without spaces, base64, a file of NULs, or a
+# tokenizer that cannot be cut exactly): then a piece is cut anyway (`forced_cut`), so memory stays bounded.
+MAX_UNCUT_CHARS = 64 * PIECE_CHARS
 CHECK_CHARS = 64  # characters on each side of a cut that `TextPieces` checks
 PROBE = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and 1234 suns.\n\n\tO! x y"
 
@@ -172,15 +175,19 @@ class TextPieces:
         piece_chars: the length pieces are cut at (about; a piece is cut at the last cut point before it).
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase | None, piece_chars: int = PIECE_CHARS) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | None, piece_chars: int = PIECE_CHARS,
+                 max_uncut_chars: int = MAX_UNCUT_CHARS) -> None:  # fmt: skip
         self.tokenizer = tokenizer
         self.piece_chars = piece_chars
+        self.max_uncut_chars = max(max_uncut_chars, 2 * (piece_chars + CHECK_CHARS))
+        self.forced = 0  # pieces cut where no exact cut point came
         self.exact = all(self.cuts_exactly(PROBE, match.start()) for match in CUT_POINT.finditer(PROBE))
         if not self.exact:
             logger.warning(
-                "%s cannot be cut exactly between pre-tokens: its documents are tokenized whole, so memory grows "
-                "with the largest document.",
+                "%s cannot be cut exactly between pre-tokens: its documents are tokenized in pieces of %d "
+                "characters, whose ids may differ from the whole text's at each cut.",
                 type(tokenizer).__name__,
+                self.max_uncut_chars,
             )
 
     def encode(self, text: str) -> list[int]:
@@ -206,18 +213,37 @@ class TextPieces:
                     return at
         return None
 
+    def forced_cut(self, text: str) -> int:
+        """Where to cut `text` that has no exact cut point for `max_uncut_chars` characters: near its end (one cut
+        per `max_uncut_chars`), at the first of 64 places whose sides keep their ids (`cuts_exactly`), else the
+        first of them; said once."""
+        start = max(self.piece_chars, len(text) - CHECK_CHARS - 64)
+        at = next((at for at in range(start, start + 64) if self.cuts_exactly(text, at)), start)
+        if not self.forced:
+            logger.warning(
+                "a document runs %d characters without a place where it can be cut exactly (no single space or "
+                "newline: CJK text, base64, one long token): it is cut there anyway, so that memory stays bounded; "
+                "its ids may differ from the whole text's at such a cut.",
+                len(text),
+            )
+        self.forced += 1
+        return at
+
     def pieces(self, chunks: Iterable[str]) -> Iterator[str]:
         """The text of `chunks` (one document, in any split) regrouped into pieces cut at exact cut points.
 
-        A text with no cut point for a long way (one huge word) stays in one piece until one comes.
+        A text with no cut point for a long way (one huge word) stays in one piece until one comes, or until it holds
+        `max_uncut_chars` characters: then it is cut anyway (`forced_cut`), so that no piece or buffer outgrows that.
         """
         carry, wait_until = "", self.piece_chars + CHECK_CHARS
         for chunk in chunks:
             carry += chunk
-            while self.exact and len(carry) >= wait_until:
-                at = self.cut(carry)
+            while len(carry) >= wait_until:
+                at = self.cut(carry) if self.exact else None
+                if at is None and len(carry) >= self.max_uncut_chars:
+                    at = self.forced_cut(carry)
                 if at is None:
-                    wait_until = 2 * len(carry)  # look again once the text has doubled
+                    wait_until = min(2 * len(carry), self.max_uncut_chars)  # look again once the text has doubled
                     break
                 yield carry[:at]
                 carry, wait_until = carry[at:], self.piece_chars + CHECK_CHARS
