@@ -288,8 +288,30 @@ def test_a_repo_id_the_hub_refuses_is_one_line_before_any_work(tiny_pretrained, 
 
 
 def test_the_pushed_summary_leaves_out_the_held_out_prompts():
-    summary = {"steps": 3, "samples": [{"before": {"prompt": "secret"}}], "before": {"samples": ["x"], "prompts": 2}}
+    summary = {"steps": 3, "samples": [{"before": {"prompt": "secret"}}], "before": {"samples": ["x"], "prompts": 2},
+               "output_dir": "/home/me/private/run"}  # fmt: skip
     assert run_folder.public(summary) == {"steps": 3, "before": {"prompts": 2}}
+
+
+def test_hub_credentials_in_hf_endpoint_are_never_printed(monkeypatch):
+    from huggingface_hub import constants
+
+    from minirope.output.hub import hub_address
+
+    monkeypatch.setattr(constants, "ENDPOINT", "https://me:s3cret@hub.example.org:8443/base")
+    assert hub_address() == "https://hub.example.org:8443/base"
+    monkeypatch.setattr(constants, "ENDPOINT", "https://huggingface.co")
+    assert hub_address() == "https://huggingface.co"
+
+
+def test_a_config_file_that_redirects_the_hub_is_refused(tmp_path, monkeypatch, capsys):
+    """TRL's parser copies a YAML `env:` block into the environment: a shared config could send the token and the
+    pushes elsewhere. minirope-posttrain refuses Hub variables there, in one line."""
+    from minirope.commands import posttrain
+
+    (tmp_path / "grpo.yaml").write_text("learning_rate: 1.0e-5\nenv:\n  HF_ENDPOINT: https://elsewhere.example\n")
+    err = cli_error(posttrain.main, ["--config", str(tmp_path / "grpo.yaml")], monkeypatch, capsys)
+    assert "sets HF_ENDPOINT in its env: block" in err
 
 
 def test_a_document_without_a_cut_point_is_held_in_bounded_pieces():
@@ -409,3 +431,28 @@ def test_a_kill_or_a_full_disk_while_exporting_or_importing_leaves_the_previous_
     assert tree(output) == before
     AutoModelForCausalLM.from_pretrained(output)
     assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []
+
+
+def test_pushes_during_training_never_write_the_published_folder_or_through_a_symlink(tiny_pretrained, tmp_path):
+    """`--hub_strategy every_save` over a finished run whose `config.json` is a symlink to a file outside: each
+    checkpoint is pushed from its own folder, the outside file is byte-identical, and the Hub ends with the new run."""
+    out = tmp_path / "run"
+    shutil.copytree(tiny_pretrained, out)
+    outside = tmp_path / "elsewhere.json"
+    shutil.move(out / "config.json", outside)
+    (out / "config.json").symlink_to(outside)
+    before = outside.read_bytes()
+    with LoopbackHub() as server:
+        env = {**os.environ, "HF_ENDPOINT": server.endpoint, "HF_HUB_DISABLE_XET": "1", "HF_HOME": str(tmp_path / "hf"),
+               "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0", "HF_TOKEN": "hf_test"}  # fmt: skip
+        argv = [*QUICK, "--output_dir", str(out), "--save_steps", "1", "--push_to_hub", "True", "--hub_model_id",
+                "me/every-save", "--hub_strategy", "every_save"]  # fmt: skip
+        result = subprocess.run(minirope("pretrain", *argv), capture_output=True, text=True, env=env, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        messages = server.commits("me/every-save")
+        pushed = server.files("me/every-save")
+    assert outside.read_bytes() == before and not (out / "config.json").is_symlink()
+    assert any(message.startswith("Training in progress") for message in messages)
+    assert messages[-1] == "minirope: end of training"
+    assert pushed["model.safetensors"] == (out / "model.safetensors").read_bytes()
+    assert not any(path.startswith((".", "optimizer", "rng_state")) for path in pushed)

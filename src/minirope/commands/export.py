@@ -106,6 +106,9 @@ def run(argv: list[str] | None = None) -> Path:
     return path
 
 
+MODEL_FILES = ["*.json", "*.safetensors", "*.py", "*.jinja", "*.txt", "README.md"]  # a minirope folder, nothing else
+
+
 def download(repo: str, revision: str) -> str:
     """The local snapshot of the Hub model `repo` at `revision` (`huggingface_hub.snapshot_download`).
 
@@ -115,7 +118,7 @@ def download(repo: str, revision: str) -> str:
     from huggingface_hub import snapshot_download
 
     try:
-        return snapshot_download(repo, revision=revision)
+        return snapshot_download(repo, revision=revision, allow_patterns=MODEL_FILES)
     except Exception as error:  # HTTP and transport errors alike
         raise OSError(f"cannot download the model {repo!r} (revision {revision}) from the Hub: {error}") from None
 

@@ -265,12 +265,13 @@ def finish_run(trainer, *, train_metrics: dict, eval_metrics: dict, card: ModelC
 PUSH_MESSAGE = "minirope: end of training"
 DATA_FILES = ("preference_pairs.jsonl",)  # the user's rows, pushed only when asked (`--push_data True`)
 DATA_KEYS = ("samples",)  # in `run_summary.json`: the held-out prompts with the model's replies, likewise
+LOCAL_KEYS = ("output_dir",)  # a path on this machine: meaningless on the Hub, and it names the user's folders
 
 
 def public(data):
-    """`data` without the `DATA_KEYS` at any depth: a run summary as pushed without `--push_data`."""
+    """`data` without the `DATA_KEYS` and `LOCAL_KEYS` at any depth: a run summary as pushed without `--push_data`."""
     if isinstance(data, dict):
-        return {key: public(value) for key, value in data.items() if key not in DATA_KEYS}
+        return {key: public(value) for key, value in data.items() if key not in (*DATA_KEYS, *LOCAL_KEYS)}
     return [public(value) for value in data] if isinstance(data, list) else data
 
 

@@ -9,7 +9,9 @@ the checkpoint another machine pushed.
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from accelerate import PartialState
 from huggingface_hub import HfApi, constants, get_token, snapshot_download
@@ -39,6 +41,14 @@ def check_push(args: TrainingArguments) -> None:
     """
     if args.push_to_hub:
         args.hub_model_id = check_write_access(hub_repo(args), args.hub_token, "--push_to_hub")
+
+
+def hub_address() -> str:
+    """The Hub's address for messages: `HF_ENDPOINT` without any `user:password@` it embeds."""
+    parts = urlsplit(constants.ENDPOINT)
+    if not parts.hostname or "@" not in parts.netloc:
+        return constants.ENDPOINT
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 class TokenNotSaved:
@@ -105,12 +115,12 @@ def check_write_access(repo: str, token: str | None, flag: str) -> str:
     except HfHubHTTPError as error:
         status = error.response.status_code if error.response is not None else "no"
         raise ValueError(
-            f"{flag}: the Hub at {constants.ENDPOINT} refused the token (HTTP {status}): log in again with "
+            f"{flag}: the Hub at {hub_address()} refused the token (HTTP {status}): log in again with "
             f"`hf auth login` or set HF_TOKEN to a valid token."
         ) from None
     except Exception as error:  # the transport's own errors (connection refused, DNS, timeout, offline mode)
         raise ValueError(
-            f"{flag}: the Hub at {constants.ENDPOINT} cannot be reached ({type(error).__name__}: {error}): check "
+            f"{flag}: the Hub at {hub_address()} cannot be reached ({type(error).__name__}: {error}): check "
             f"the network (or HF_ENDPOINT), or run without {flag} and upload later with `hf upload {repo} <folder>`."
         ) from None
     namespaces, repos = writable(who)
@@ -130,11 +140,12 @@ def check_write_access(repo: str, token: str | None, flag: str) -> str:
     return repo_id
 
 
-def hub_checkpoint(args: TrainingArguments) -> str | None:
+def hub_checkpoint(args: TrainingArguments, complete: Callable[[Path], bool]) -> str | None:
     """The Hub's `last-checkpoint/` of the repository this run pushes to, downloaded into `<output_dir>/checkpoint-N`
     (N: its step), for `--resume_from_checkpoint last` on a machine that has no checkpoint of the run. None when the
     run does not push checkpoints (`--push_to_hub` with `--hub_strategy checkpoint`) or the repository has none.
-    With several processes the main one downloads, the others wait and take the folder it wrote.
+    With several processes the main one downloads, the others wait and take the newest folder that is `complete`:
+    the one it wrote (this runs only where no local checkpoint was complete).
 
     Raises:
         ValueError: the Hub cannot be reached or refuses (naming the repository).
@@ -146,7 +157,7 @@ def hub_checkpoint(args: TrainingArguments) -> str | None:
     target = download_checkpoint(args) if state.is_main_process else None
     state.wait_for_everyone()
     if not state.is_main_process:
-        folders = checkpoint_folders(args.output_dir)  # the main process's download is the newest
+        folders = [folder for folder in checkpoint_folders(args.output_dir) if complete(folder)]
         target = str(folders[-1]) if folders else None
     return target
 
@@ -169,7 +180,7 @@ def download_checkpoint(args: TrainingArguments) -> str | None:
     except Exception as error:  # HTTP and transport errors alike: one line naming the repository
         raise ValueError(
             f"--resume_from_checkpoint last: cannot read {HUB_CHECKPOINT}/ of {repo} from the Hub at "
-            f"{constants.ENDPOINT} ({type(error).__name__}: {error}): check the network, or resume from a local "
+            f"{hub_address()} ({type(error).__name__}: {error}): check the network, or resume from a local "
             f"checkpoint folder."
         ) from None
     state = json.loads((download / HUB_CHECKPOINT / "trainer_state.json").read_text())

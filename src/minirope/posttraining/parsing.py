@@ -81,7 +81,14 @@ def arguments_file(argv: list[str]) -> dict:
     if json_arguments(argv):
         return read_arguments_file(argv[0])
     path = config_path(argv)
-    return {} if path is None else read_arguments_file(path, "--config")
+    arguments = {} if path is None else read_arguments_file(path, "--config")
+    hub = sorted(name for name in arguments.get("env") or {} if str(name).upper().startswith(("HF_", "HUGGING")))
+    if hub:
+        raise ValueError(
+            f"--config {path} sets {', '.join(hub)} in its env: block, which would send your token or pushes where the "
+            f"file says: set Hub variables in your own shell (or `hf auth login`), not in a config file."
+        )
+    return arguments
 
 
 def parse_args(argv: list[str] | None = None) -> tuple:

@@ -99,7 +99,7 @@ def resolve_resume(training_args: TrainingArguments) -> str | None:
     if resume in ("last", "True", "true"):
         last = last_complete_checkpoint(training_args.output_dir)  # each one checked by checkpoint_problem
         if last is None:
-            last = hub_checkpoint(training_args)
+            last = hub_checkpoint(training_args, lambda folder: checkpoint_problem(folder) is None)
             if last is None:
                 raise FileNotFoundError(
                     f"no complete checkpoint-N folder in {training_args.output_dir} to resume from (nor on the Hub: "
