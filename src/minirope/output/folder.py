@@ -52,9 +52,11 @@ def claim(output_dir: str | Path, overwrite: bool, resuming: bool) -> None:
     kept = [name for name in others if not (resuming and owned.CHECKPOINT.fullmatch(name))]
     clashing = [name for name in kept if owned.written_name(name)]
     if clashing:
+        resume = any(owned.CHECKPOINT.fullmatch(name) for name in clashing)
         raise ValueError(
             f"--output_dir {folder} holds {owned.shown(clashing)}, which minirope did not write and this run would "
-            f"replace: move them out, or choose another --output_dir (--overwrite_output_dir never replaces them)."
+            f"replace: move them out, or choose another --output_dir (--overwrite_output_dir never replaces them)"
+            + ("; or pass --resume_from_checkpoint last to continue the run those checkpoints hold." if resume else ".")
         )
     if kept and not owned.is_run(folder) and not overwrite:
         raise ValueError(
