@@ -31,7 +31,7 @@ from transformers import AutoTokenizer
 from minirope import MiniRopeForCausalLM
 from minirope.commands import export, extend, finetune, import_model, posttrain, pretrain
 from minirope.convert import to_llama
-from minirope.output.folder import public
+from minirope.output.folder import json_text, public
 
 REPO = "me/tiny"
 # Loads a repository by id and the local folder where `import minirope` fails, and prints each one's greedy tokens.
@@ -88,8 +88,8 @@ def assert_pushed_once(server: LoopbackHub, repo: str, out: Path, measured: bool
     pushed = server.files(repo)
     assert set(pushed) == final_files(out)
     local = {path: (out / path).read_bytes() for path in pushed}
-    local["run_summary.json"] = json.dumps(public(json.loads(local["run_summary.json"])), indent=2, sort_keys=True)
-    local["run_summary.json"] = (local["run_summary.json"] + "\n").encode()  # the held-out prompts stay local
+    summary = public(json.loads(local["run_summary.json"]))  # the held-out prompts stay local
+    local["run_summary.json"] = json_text(summary).encode()
     assert all(pushed[path] == local[path] for path in pushed)
     assert server.commits(repo) == ["minirope: end of training"]
     card = card_of(server, repo)

@@ -34,6 +34,11 @@ QUICK = [*TINY_RUN[: TINY_RUN.index("--max_steps")], "--max_steps", "2", "--eval
          "--torch_compile", "False"]  # fmt: skip
 
 
+def no_space(*args, **kwargs):
+    """A write on a full disk."""
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
 def tree(folder: Path) -> dict[str, str]:
     """Every file under `folder` with its sha256 (symlinks as their targets' text)."""
     files = {}
@@ -192,10 +197,7 @@ def test_a_full_disk_while_staging_leaves_the_previous_model(finished, monkeypat
     staging = run_folder.staging_dir(finished)
     (staging / "config.json").write_text("{}")
 
-    def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(owned, "write_atomic", full)
+    monkeypatch.setattr(owned, "write_atomic", no_space)
     with pytest.raises(OSError, match="No space left"):
         run_folder.publish(staging, finished, "minirope-pretrain")
     monkeypatch.undo()
@@ -371,10 +373,7 @@ def test_a_kill_or_a_full_disk_while_a_command_publishes_leaves_a_model_and_the_
     (out / "mine.txt").write_text("the user's")
     before = (out / "model.safetensors").read_bytes()
 
-    def full(path):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(owned, "fsync_tree", full)
+    monkeypatch.setattr(owned, "fsync_tree", no_space)
     with pytest.raises(OSError, match="No space left"):
         run([*argv, "--output_dir", str(out)])
     monkeypatch.setattr(owned, "fsync_tree", FSYNC_TREE)
@@ -413,10 +412,7 @@ def test_a_kill_or_a_full_disk_while_exporting_or_importing_leaves_the_previous_
     main(argv)
     before = tree(output)
 
-    def full(path):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(owned, "fsync_tree", full)
+    monkeypatch.setattr(owned, "fsync_tree", no_space)
     with pytest.raises(OSError, match="No space left"):
         main([*argv, "--overwrite", "True"])
     monkeypatch.setattr(owned, "fsync_tree", FSYNC_TREE)

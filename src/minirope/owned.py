@@ -203,6 +203,24 @@ def forget(folder: str | Path, files: list[str] | set[str]) -> None:
         write_atomic(Path(folder) / MARKER, json.dumps(marker, indent=2) + "\n")
 
 
+def take(fd: int, folder: Path) -> None:
+    """`fcntl.flock` the open lock file `fd` of `folder` without waiting.
+
+    Raises:
+        ValueError: another process holds it (naming the process, as its lock file says); `fd` is closed then.
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        if error.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        raise ValueError(
+            f"--output_dir {folder} is in use by {holder}: wait for it to finish, or choose another --output_dir."
+        ) from None
+
+
 def lock(folder: str | Path, command: str) -> None:
     """Hold `folder` for this process's life (`fcntl.flock` on `.minirope/lock`, released by the kernel when the
     process ends); the lock file names the holder. Taking it twice in one process is a no-op.
@@ -215,16 +233,7 @@ def lock(folder: str | Path, command: str) -> None:
         return
     (folder / MARKER_DIR).mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
-        os.close(fd)
-        if error.errno not in (errno.EAGAIN, errno.EACCES):
-            raise
-        raise ValueError(
-            f"--output_dir {folder} is in use by {holder}: wait for it to finish, or choose another --output_dir."
-        ) from None
+    take(fd, folder)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()} ({command})\n".encode(), 0)
     _HELD[folder] = fd
@@ -240,15 +249,8 @@ def check_free(folder: str | Path) -> None:
     if Path(folder).absolute() in _HELD or not path.is_file():
         return
     fd = os.open(path, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
-        raise ValueError(
-            f"--output_dir {folder} is in use by {holder}: wait for it to finish, or choose another --output_dir."
-        ) from None
-    finally:
-        os.close(fd)  # closing releases a lock taken here
+    take(fd, Path(folder))
+    os.close(fd)  # closing releases the lock taken to try it
 
 
 def unlock(folder: str | Path) -> None:

@@ -175,8 +175,13 @@ def staging_dir(output_dir: str | Path) -> Path:
     return staging
 
 
+def json_text(data: dict) -> str:
+    """The text of a JSON file a run writes (and pushes): indented, keys sorted, one final newline."""
+    return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+
+
 def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    path.write_text(json_text(data))
 
 
 def publish(staging: Path, output_dir: str | Path, command: str) -> None:
@@ -338,9 +343,7 @@ def push_folder(args: TrainingArguments, output_dir: Path, push_data: bool = Fal
         files += [name for name in DATA_FILES if (output_dir / name).is_file()]
     elif "run_summary.json" in files:
         summary = read_json(output_dir / "run_summary.json")
-        replace["run_summary.json"] = (
-            json.dumps(public(summary), indent=2, sort_keys=True, default=str) + "\n"
-        ).encode()
+        replace["run_summary.json"] = json_text(public(summary)).encode()
     url = upload(output_dir, args.hub_model_id, PUSH_MESSAGE, files, token=args.hub_token,
                  private=args.hub_private_repo, revision=args.hub_revision, replace=replace)  # fmt: skip
     print(f"[minirope] pushed to {args.hub_model_id} ({visibility(args.hub_private_repo)}): {url}")

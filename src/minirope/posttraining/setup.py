@@ -30,7 +30,7 @@ from minirope.posttraining.warm_start import (
     saved_warm_start,
     warm_start,
 )
-from minirope.training.checkpoints import check_resume, resolve_resume
+from minirope.training.checkpoints import check_resume, resolve_resume, resume_requested
 
 CUT_SHARE = 0.25  # of the held-out samples cut at the token limit: from here `check_cut` warns of a gameable reward
 
@@ -65,8 +65,7 @@ def prepare(args, config, model_args) -> Setup:
     check_output(config.output_dir, "--output_dir", inputs)
     check_push(config)
     check_flags(args, config, model_args)
-    resuming = config.resume_from_checkpoint not in (None, "", "False", "false")
-    claim(config.output_dir, args.overwrite_output_dir, resuming)
+    claim(config.output_dir, args.overwrite_output_dir, resume_requested(config))
     resume = resolve_resume(config)
     data = load_task_data(args, config.seed)
     defaults = verse_rewards(args.method) if data.verse and not args.reward_funcs else {}

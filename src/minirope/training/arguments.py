@@ -23,7 +23,7 @@ from minirope.data.documents import read_utf8
 from minirope.folders import check_output, first_line
 from minirope.output.folder import claim
 from minirope.output.hub import TokenNotSaved, check_push
-from minirope.training.checkpoints import resolve_resume
+from minirope.training.checkpoints import resolve_resume, resume_requested
 from minirope.training.optimizers import MUON_MOMENTUM
 from minirope.training.precision import decide_bf16
 
@@ -263,8 +263,7 @@ def start_run(dataclass_types: tuple, argv: list[str] | None, inputs: Callable[.
         print(f"[minirope] {training_args.precision_line}; torch.compile: {training_args.torch_compile}")
     check_output(training_args.output_dir, "--output_dir", inputs(*arguments))
     check_push(training_args)
-    resuming = training_args.resume_from_checkpoint not in (None, "", "False", "false")
-    claim(training_args.output_dir, training_args.overwrite_output_dir, resuming)
+    claim(training_args.output_dir, training_args.overwrite_output_dir, resume_requested(training_args))
     if training_args.device.type == "cpu":
         reuse_freed_memory()
     run = RunStart(started, Path(training_args.output_dir), resolve_resume(training_args))

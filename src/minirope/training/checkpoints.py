@@ -85,6 +85,11 @@ def last_complete_checkpoint(output_dir: str | Path) -> str | None:
     return None
 
 
+def resume_requested(training_args: TrainingArguments) -> bool:
+    """Whether `--resume_from_checkpoint` asks for a resume (a folder, `last` or `True`; not empty or `False`)."""
+    return training_args.resume_from_checkpoint not in (None, "", "False", "false")
+
+
 def resolve_resume(training_args: TrainingArguments) -> str | None:
     """`--resume_from_checkpoint last` (or `True`) means the newest readable `checkpoint-N` in `--output_dir`, else
     (with `--push_to_hub --hub_strategy checkpoint`) the Hub's `last-checkpoint` of the run (`hub_checkpoint`).
@@ -94,7 +99,7 @@ def resolve_resume(training_args: TrainingArguments) -> str | None:
         ValueError: a given checkpoint with a missing, truncated or corrupt file (naming it).
     """
     resume = training_args.resume_from_checkpoint
-    if resume in (None, "", "False", "false"):
+    if not resume_requested(training_args):
         return None
     if resume in ("last", "True", "true"):
         last = last_complete_checkpoint(training_args.output_dir)  # each one checked by checkpoint_problem
