@@ -38,7 +38,7 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 $(FLOOR_VENV)/.installed: pyproject.toml constraints/floor.txt
 	$(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(FLOOR_VENV)/bin/python -m pip install --quiet -c constraints/floor.txt "$(TORCH)" -e ".[peft,trl]" pytest
+	$(FLOOR_VENV)/bin/python -m pip install --quiet -c constraints/floor.txt "$(TORCH)" -e ".[peft,verse]" pytest
 	touch $@
 
 demo: install

@@ -131,7 +131,7 @@ def interpolate(record: dict, alphas: list[float], args) -> dict:
     from minirope.folders import ModelArguments, load_causal_lm
     from minirope.posttraining.corpus import interpolate_weights
     from minirope.posttraining.measures import SAMPLING, sample
-    from minirope.posttraining.verse import validation_headers, verse_measure
+    from minirope.posttraining.tasks.verse import validation_headers, verse_measure
 
     base, tokenizer = load_causal_lm(ModelArguments(record["base_model"]))
     start = {name: param.detach().clone() for name, param in base.named_parameters()}

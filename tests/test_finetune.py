@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from minirope import MiniRopeForCausalLM
 from minirope.commands import finetune
 from minirope.data.supervised import load_prompt_completion, prompt_completion_examples
+from minirope.training.arguments import LORA_TARGETS
 from minirope.training.heap import malloc_trim
 from minirope.training.metrics import IGNORE_INDEX
 
@@ -48,7 +49,7 @@ def test_lora_merged_and_adapter_only(tiny_pretrained, tmp_path, capsys, monkeyp
     assert (trimmed in out) == (malloc_trim() is not None) and sized not in out
     monkeypatch.setattr("minirope.training.sizing.RELEASED_SIZE", 0)
     adapter = finetune_run(
-        tiny_pretrained, tmp_path / "adapter", "--play", "the-tempest", "--lora", "--merge_lora", "False",
+        tiny_pretrained, tmp_path / "adapter", "--play", "the-tempest", "--use_peft", "--merge_lora", "False",
         "--heap_trim_seconds", "0",
     )  # fmt: skip
     out = capsys.readouterr().out
@@ -69,6 +70,26 @@ def test_lora_merged_and_adapter_only(tiny_pretrained, tmp_path, capsys, monkeyp
     input_ids = AutoTokenizer.from_pretrained(tmp_path / "merged")("ROMEO:\nO", return_tensors="pt").input_ids
     with torch.no_grad():
         torch.testing.assert_close(plain(input_ids).logits, peft_model(input_ids).logits, rtol=0, atol=1e-4)
+
+
+def test_lora_takes_trls_flags_and_still_reads_the_old_ones(tiny_pretrained, capsys):
+    """`--use_peft` and a list of `--lora_target_modules`, as minirope-posttrain (TRL's `ModelConfig`) takes them;
+    `--lora` and `q_proj,v_proj` read the same, with one line naming the new form; `--model_revision` and the old
+    `--revision` name one flag."""
+    model = ["--model_name_or_path", str(tiny_pretrained)]
+    new = finetune.parse_args([*model, "--use_peft", "--lora_target_modules", "q_proj", "v_proj",
+                               "--model_revision", "v1"])  # fmt: skip
+    old = finetune.parse_args([*model, "--lora", "--lora_target_modules", "q_proj,v_proj", "--revision", "v1"])
+    for parsed in (new, old):
+        assert parsed[1].use_peft and parsed[1].lora_target_modules == ["q_proj", "v_proj"]
+        assert parsed[0].model_revision == "v1"
+    default = finetune.parse_args(model)[1]
+    assert not default.use_peft and default.lora_target_modules == list(LORA_TARGETS)
+    finetune.note_old_names(["--use_peft", "--lora_target_modules", "q_proj", "v_proj"])
+    assert capsys.readouterr().out == ""
+    finetune.note_old_names(["--lora", "--lora_target_modules", "q_proj,v_proj"])
+    line = capsys.readouterr().out
+    assert "--lora is --use_peft" in line and "--lora_target_modules q_proj v_proj" in line
 
 
 def test_prompt_completion_trains_on_completions_only(tiny_pretrained, tmp_path):

@@ -36,7 +36,7 @@ from minirope.posttraining.parsing import parse_args  # noqa: E402
 from minirope.posttraining.reward_calls import own_pairs  # noqa: E402
 from minirope.posttraining.rollouts import lora_base_weights, lora_layers, mergeable, merged_adapter  # noqa: E402
 from minirope.posttraining.setup import prepare  # noqa: E402
-from minirope.posttraining.verse import training_prompts, validation_headers  # noqa: E402
+from minirope.posttraining.tasks.verse import training_prompts, validation_headers  # noqa: E402
 from minirope.training.heap import malloc_trim  # noqa: E402
 
 # A few steps at the tiny model's size: 2 prompts x 2 completions of 8 tokens a step, 2 x 2 samples measured, a
@@ -124,6 +124,8 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
     assert "SFTTrainer" in (out / "README.md").read_text() and "sft" in ModelCard.load(out / "README.md").data.tags
     assert written["steps"] == 2 and written["method"] == "grpo"
     assert written["reward_funcs"] == ["meter_reward", "word_variety_reward"]  # the verse task's defaults
+    assert written["task"] == "verse" and written["recipe"]["path"].endswith("verse/grpo.yaml")
+    assert written["recipe"]["values"]["learning_rate"] == 6e-4 and "beta" not in written["recipe"]["values"]
     assert written["reward_weights"] == [1.0, 1.5] and written["beta"] == 0.04  # its weights; the flag given
     for side in ("before", "after"):
         assert written[side]["lines"] > 0 and 0 <= written[side]["scan_share"] <= 1
@@ -279,7 +281,8 @@ def test_trl_grpo_cli_runs_minirope_reward_on_a_minirope_folder(tiny_pretrained,
     trl = Path(sys.executable).parent / "trl"
     command = [
         str(trl), "grpo", "--model_name_or_path", str(tiny_pretrained), "--dataset_name", str(data),
-        "--reward_funcs", "minirope.rewards.scansion_reward", "--output_dir", str(tmp_path / "out"),
+        "--reward_funcs", "minirope.posttraining.tasks.verse.rewards.scansion_reward",
+        "--output_dir", str(tmp_path / "out"),
         "--max_steps", "2", "--per_device_train_batch_size", "4", "--num_generations", "2",
         "--max_completion_length", "8", "--bf16", "False", "--report_to", "none", "--save_strategy", "no",
         "--trust_remote_code", "True", "--logging_steps", "1",
@@ -373,18 +376,18 @@ def test_sampled_completion_ids_keep_their_end_of_sequence_token_as_trl_gives_th
 
 def test_a_run_warns_when_many_samples_are_cut_at_the_token_limit(capsys):
     """GRPO on a user's task with half its held-out samples unfinished at the limit: one line naming TRL's overlong
-    punishment; nothing below `CUT_SHARE`, for other methods or for the verse task (cut by design)."""
+    punishment; nothing below `CUT_SHARE`, for other methods or for a task that cuts by design (the verse task)."""
     from types import SimpleNamespace
 
     from minirope.posttraining.setup import CUT_SHARE, check_cut
 
     cut = SimpleNamespace(cut_share=0.5, max_new_tokens=32)
-    check_cut(cut, SimpleNamespace(method="grpo"), verse=False)
+    check_cut(cut, SimpleNamespace(method="grpo"), cut_by_design=False)
     line = capsys.readouterr().out
     assert "50% of the held-out samples reach the 32-token limit" in line and "get_soft_overlong_punishment" in line
     check_cut(SimpleNamespace(cut_share=CUT_SHARE - 0.01, max_new_tokens=32), SimpleNamespace(method="grpo"), False)
-    check_cut(cut, SimpleNamespace(method="dpo"), verse=False)
-    check_cut(cut, SimpleNamespace(method="grpo"), verse=True)
+    check_cut(cut, SimpleNamespace(method="dpo"), cut_by_design=False)
+    check_cut(cut, SimpleNamespace(method="grpo"), cut_by_design=True)
     assert capsys.readouterr().out == ""
 
 
@@ -437,7 +440,7 @@ def test_the_measures_sample_the_first_eval_sampled_prompts_and_greedy_decode_al
             torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
         )
     )
-    measured = measure_task(model, tokenizer, rows, [reward], args, run, None, False)
+    measured = measure_task(model, tokenizer, rows, [reward], args, run, None)
     hook.remove()
     assert autocast == {torch.bfloat16 if bf16 else None}
     assert measured.precision == ("bf16" if bf16 else "float32") == measured.as_dict()["precision"]
@@ -484,7 +487,7 @@ def test_the_method_is_parsed_from_a_json_arguments_file_and_tuned_flags_keep_tr
     assert args.method == "dpo" and isinstance(config, PosttrainDPOConfig) and config.max_steps == 3
     args, config, _ = parse_args(["--model", "./m", "--method=dpo"])
     assert isinstance(config, PosttrainDPOConfig) and config.learning_rate == 5e-5  # minirope's, not TRL's 1e-6
-    assert config.loss_type == ["sigmoid"] and args.rejected_by is None  # None: chosen by the task when run
+    assert config.loss_type == ["sigmoid"] and args.rejected_by == "first_reward"  # the verse task's recipe
     help_text = PosttrainDPOConfig.__dataclass_fields__["learning_rate"].metadata["help"]
     assert help_text and "learning rate" in help_text.lower()  # TRL's own help, kept where minirope re-defaults
     # GRPO's retuned groups and reward scaling survive TRL's __post_init__, and the flags still override them
@@ -729,10 +732,11 @@ def test_the_answer_warm_start_is_taken_by_grpo_and_dpos_own_pairs_only_when_sam
     lora = SimpleNamespace(saves_adapter=False)
 
     def warm(method, share, sft_steps=None, model_args=lora, samples=8, solved=0.0):
-        data = SimpleNamespace(rows=rows, verse=False)
+        data = SimpleNamespace(rows=rows)
         args = SimpleNamespace(method=method, sft_steps=sft_steps, sft_batch_size=2, eval_samples_per_prompt=samples)
         run = SimpleNamespace(data=data, model=model, model_args=model_args)
-        return warm_start.answer_warm_start(run, args, TaskMeasure(1, 1, {}, {}, 1.0, None, None, [], share, solved))
+        measured = TaskMeasure(1, 1, {}, {}, 1.0, None, alike_share=share, solved_share=solved)
+        return warm_start.answer_warm_start(run, args, measured)
 
     for method in ("grpo", "dpo"):
         taken = warm(method, 0.9)
@@ -757,9 +761,9 @@ def test_solved_prompts_are_told_from_failing_ones_and_an_all_solved_task_is_sai
     assert solved_share({"exact": [[0.5, 0.5]]}, None) == 0  # alike at half credit: failing
     args = SimpleNamespace(method="grpo", eval_samples_per_prompt=8, require_reward_spread=True)
     with pytest.raises(ValueError, match="already solved on the held-out prompts"):
-        check_signal(TaskMeasure(4, 4, {}, {}, 1.0, None, None, [], 1.0, 1.0), args)
+        check_signal(TaskMeasure(4, 4, {}, {}, 1.0, None, alike_share=1.0, solved_share=1.0), args)
     with pytest.raises(ValueError, match="Give the model a start on the task"):
-        check_signal(TaskMeasure(4, 4, {}, {}, 1.0, None, None, [], 1.0, 0.25), args)
+        check_signal(TaskMeasure(4, 4, {}, {}, 1.0, None, alike_share=1.0, solved_share=0.25), args)
 
 
 def test_keep_best_keeps_a_warm_start_that_no_later_step_beats(tiny_pretrained):

@@ -1,8 +1,9 @@
-"""minirope.rewards against lines whose syllables were counted by hand (CMUdict's first pronunciation of each word)."""
+"""The verse task's rewards (minirope.posttraining.tasks.verse.rewards) against lines whose syllables were counted by
+hand (CMUdict's first pronunciation of each word)."""
 
 import pytest
 
-from minirope.rewards import (
+from minirope.posttraining.tasks.verse.rewards import (
     is_iambic,
     is_verse_line,
     line_stresses,
@@ -166,11 +167,13 @@ def test_word_variety_reward_pays_words_other_completions_do_not_use_on_three_li
 
 
 def test_verse_measure_counts_lines_and_saves_them_under_the_run_summarys_names():
-    from minirope.posttraining.measures import TaskMeasure
-    from minirope.posttraining.verse import verse_measure
+    from minirope.posttraining.measures import TaskMeasure, task_measures
+    from minirope.posttraining.tasks.verse import verse_measure
 
-    measure = verse_measure([f"{SCANS}\n{SONNET_12}\n", f"{ELEVEN}\n{SCANS}\n"])
-    saved = TaskMeasure(4, 2, {}, {}, 1.0, None, measure).as_dict()
+    texts = [f"{SCANS}\n{SONNET_12}\n", f"{ELEVEN}\n{SCANS}\n"]
+    measure, task = verse_measure(texts), task_measures(verse_measure, texts)
+    saved = TaskMeasure(4, 2, {}, {}, 1.0, None, **task).as_dict()
+    assert "monosyllables only" in TaskMeasure(4, 2, {}, {}, 1.0, None, **task).line()
     # 4 lines, 3 scan (not ELEVEN), of which SONNET_12 alone is monosyllables only; SCANS twice: 3 distinct lines
     assert {name: saved[name] for name in ("lines", "scan_share", "monosyllabic_scan_share", "distinct_share")} == {
         "lines": 4, "scan_share": 0.75, "monosyllabic_scan_share": pytest.approx(1 / 3), "distinct_share": 0.75

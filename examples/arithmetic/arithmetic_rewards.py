@@ -7,7 +7,7 @@ TRL passes every dataset column to a reward as a keyword argument, one value per
 
 import re
 
-from minirope.rewards import completion_text
+from minirope.posttraining.reward_calls import completion_text
 
 _NUMBER = re.compile(r"-?\d+")
 

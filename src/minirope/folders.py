@@ -23,9 +23,9 @@ class ModelArguments:
         metadata={"help": "A folder written by minirope (save_pretrained), or a Hub id.", "aliases": ["--model"]}
     )
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow the folder's own model code."})
-    revision: str = field(
+    model_revision: str = field(
         default="main",
-        metadata={"help": "With a Hub id: the branch, tag or commit to load.", "aliases": ["--model_revision"]},
+        metadata={"help": "With a Hub id: the branch, tag or commit to load.", "aliases": ["--revision"]},
     )
 
 
@@ -53,7 +53,9 @@ def load_config(args: ModelArguments) -> PreTrainedConfig:
             f"save_pretrained."
         )
     try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code, revision=args.revision)
+        config = AutoConfig.from_pretrained(
+            path, trust_remote_code=args.trust_remote_code, revision=args.model_revision
+        )
     except (OSError, ValueError) as error:
         config_file = Path(path) / "config.json"
         if config_file.is_file() and "Unrecognized model" not in str(error):
@@ -79,7 +81,7 @@ def load_tokenizer(args: ModelArguments) -> PreTrainedTokenizerBase:
     """
     try:
         return AutoTokenizer.from_pretrained(
-            args.model_name_or_path, trust_remote_code=args.trust_remote_code, revision=args.revision
+            args.model_name_or_path, trust_remote_code=args.trust_remote_code, revision=args.model_revision
         )
     except (OSError, ValueError) as error:
         raise ValueError(
@@ -162,7 +164,7 @@ def load_causal_lm(args: ModelArguments, **kwargs) -> tuple[torch.nn.Module, Pre
             path,
             config=config,
             trust_remote_code=args.trust_remote_code,
-            revision=args.revision,
+            revision=args.model_revision,
             ignore_mismatched_sizes=True,  # reported below, with the tensor and both shapes
             output_loading_info=True,
             **kwargs,

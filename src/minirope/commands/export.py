@@ -56,7 +56,10 @@ class ExportArguments:
     overwrite: bool = field(
         default=False, metadata={"help": "Replace an output that minirope wrote (never a folder or file of yours)."}
     )
-    revision: str = field(default="main", metadata={"help": "With a Hub id: the branch, tag or commit to export."})
+    revision: str = field(
+        default="main",
+        metadata={"help": "With a Hub id: the branch, tag or commit to export.", "aliases": ["--model_revision"]},
+    )
     push_to_hub: str | None = field(
         default=None, metadata={"help": "A Hub repository (user/name) to upload the export to, with a model card."}
     )

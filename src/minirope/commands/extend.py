@@ -245,7 +245,7 @@ def report(trainer, model_args, args, data_args, start, measures: Measures) -> d
     dataset = data_description(data_args)
     card = model_card(card_name(trainer.args), config, card_metrics, dataset, how_trained, base_model=base,
                       methods=("context-extension", args.rope_type),
-                      licence=licence_of(base, model_args.revision))  # fmt: skip
+                      licence=licence_of(base, model_args.model_revision))  # fmt: skip
     lines = [f"{scaling}, {original} -> {data_args.block_size} tokens, {steps} steps"]
     lines += [f"validation bits/byte at {change}" for change in changes]
     lines.append("repeat test (bits/byte on a repeated passage / on its first occurrence):")

@@ -15,15 +15,17 @@ Without --validation_file, the first --validation_split_percentage (5) % of the 
 rows, conversations, or blocks of text) are held out for validation and never trained on, as in transformers'
 run_clm.py.
 
-Full fine-tuning by default; `--lora` trains a peft LoRA adapter instead (merged into the weights on save
-unless `--merge_lora False`, which saves the adapter alone). The validation loss is measured before and
+Full fine-tuning by default; `--use_peft` trains a peft LoRA adapter instead (TRL's flags, as `minirope-posttrain`
+takes them: `--lora_r`, `--lora_alpha`, `--lora_target_modules q_proj v_proj`), merged into the weights on save
+unless `--merge_lora False`, which saves the adapter alone. The validation loss is measured before and
 after training; the output folder is Hub-ready (model or adapter, tokenizer, model card, metrics), and
 `--push_to_hub --hub_model_id user/name` uploads it.
 
     minirope-finetune --model_name_or_path runs/minirope-shakespeare --play the-tempest
-    minirope-finetune --model_name_or_path runs/minirope-shakespeare --play the-tempest --lora
+    minirope-finetune --model_name_or_path runs/minirope-shakespeare --play the-tempest --use_peft
 """
 
+import sys
 from dataclasses import dataclass, field
 
 from datasets import DatasetDict
@@ -60,33 +62,53 @@ METRICS = ("eval_nats_per_token", "eval_perplexity", "eval_bits_per_byte")
 
 @dataclass
 class LoraArguments:
-    lora: bool = field(default=False, metadata={"help": "Train a LoRA adapter (peft) instead of all weights."})
+    """LoRA, in TRL's `ModelConfig` names (`--use_peft`, `--lora_r`, `--lora_alpha`, `--lora_dropout`,
+    `--lora_target_modules` as a list), the names `minirope-posttrain` takes; the older `--lora` and a comma-separated
+    `--lora_target_modules q_proj,v_proj` are still read (`old_names` says so in one line)."""
+
+    use_peft: bool = field(
+        default=False,
+        metadata={
+            "help": "Train a LoRA adapter (peft) instead of all weights (TRL's name; --lora is the old one).",
+            "aliases": ["--lora"],
+        },  # fmt: skip
+    )
     lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=16, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
     lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA path."})
-    lora_target_modules: str = field(default=",".join(LORA_TARGETS), metadata={"help": "Comma-separated module names."})
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: list(LORA_TARGETS),
+        metadata={"help": "The modules that get an adapter, as a list: q_proj v_proj (default: every projection)."},
+    )
     merge_lora: bool = field(default=True, metadata={"help": "Merge the adapter into the saved weights."})
 
     def __post_init__(self) -> None:
+        self.lora_target_modules = [
+            name.strip() for item in self.lora_target_modules for name in item.split(",") if name.strip()
+        ]
         if self.lora_r < 1 or not self.lora_alpha > 0 or not 0 <= self.lora_dropout < 1:
             raise ValueError(
                 f"LoRA needs --lora_r >= 1, --lora_alpha > 0 and --lora_dropout in [0, 1), got {self.lora_r}, "
                 f"{self.lora_alpha} and {self.lora_dropout}."
             )
-        if not [name for name in self.lora_target_modules.split(",") if name.strip()]:
-            raise ValueError("--lora_target_modules is empty: name the modules, e.g. q_proj,v_proj.")
+        if not self.lora_target_modules:
+            raise ValueError("--lora_target_modules is empty: name the modules, e.g. q_proj v_proj.")
+
+    @property
+    def lora(self) -> bool:
+        return self.use_peft
 
     def method(self) -> str:
         return ("LoRA (merged)" if self.merge_lora else "LoRA adapter") if self.lora else "full"
 
     def wrap(self, model, new_token_ids: list[int] = ()):
-        """`model` with a peft LoRA adapter on `lora_target_modules`, or unchanged without `--lora`; the input
+        """`model` with a peft LoRA adapter on `lora_target_modules`, or unchanged without `--use_peft`; the input
         embeddings of `new_token_ids` (tokens just added) are trained too (peft's `trainable_token_indices`)."""
         if not self.lora:
             return model
         from peft import LoraConfig, get_peft_model
 
-        targets = [name.strip() for name in self.lora_target_modules.split(",") if name.strip()]
+        targets = self.lora_target_modules
         config = LoraConfig(
             r=self.lora_r,
             lora_alpha=self.lora_alpha,
@@ -210,6 +232,18 @@ def datasets_and_collator(data_args: FinetuneDataArguments, kind: str, dataset, 
     return (*tokenize_and_block(train_shards, validation, tokenizer, data_args, seed), default_data_collator)
 
 
+def note_old_names(argv: list[str]) -> None:
+    """One line when `argv` uses the LoRA flags' older forms: `--lora` (now `--use_peft`) or a comma-separated
+    `--lora_target_modules` (now a list)."""
+    notes = ["--lora is --use_peft"] if any(item == "--lora" or item.startswith("--lora=") for item in argv) else []
+    at = argv.index("--lora_target_modules") + 1 if "--lora_target_modules" in argv else None
+    if at is not None and at < len(argv) and "," in argv[at]:
+        notes.append(f"--lora_target_modules {argv[at]} is --lora_target_modules {argv[at].replace(',', ' ')}")
+    if notes:
+        print(f"[minirope] {'; '.join(notes)} in TRL's names, which minirope-posttrain takes too (the old form still "
+              f"works)")  # fmt: skip
+
+
 def run(argv: list[str] | None = None) -> dict:
     """Parse `argv`, fine-tune, save, and return `{"before": eval metrics, "after": eval metrics}`.
 
@@ -219,6 +253,7 @@ def run(argv: list[str] | None = None) -> dict:
     dataclasses = (ModelArguments, LoraArguments, FinetuneDataArguments, FinetuningArguments)
     inputs = lambda model_args, *_: {"--model_name_or_path": model_args.model_name_or_path}  # noqa: E731
     model_args, lora_args, data_args, training_args, start = start_run(dataclasses, argv, inputs)
+    note_old_names(sys.argv[1:] if argv is None else argv)
     with trimmed_training(training_args.device.type == "cpu", training_args.heap_trim_seconds):
         return fine_tune(model_args, lora_args, data_args, training_args, start)
 
@@ -304,7 +339,7 @@ def report(trainer, model_args, lora_args, data_args, start, measures: Measures)
         base_model=base,
         adapter=adapter,
         methods=("lora",) if lora_args.lora else (),
-        licence=licence_of(base, model_args.revision),
+        licence=licence_of(base, model_args.model_revision),
     )
     line = (
         f"validation bits/byte {before['eval_bits_per_byte']:.4f} -> {after['eval_bits_per_byte']:.4f} "

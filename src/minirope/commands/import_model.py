@@ -36,7 +36,10 @@ class ImportArguments:
         metadata={"help": "A Llama-architecture checkpoint: a transformers folder, a Hub id, or a .gguf file."}
     )
     output_dir: str = field(metadata={"help": "The minirope folder to write."})
-    revision: str = field(default="main", metadata={"help": "With a Hub id: the branch, tag or commit to read."})
+    revision: str = field(
+        default="main",
+        metadata={"help": "With a Hub id: the branch, tag or commit to read.", "aliases": ["--model_revision"]},
+    )
     dtype: str = field(
         default="float32",
         metadata={"help": f"The weights' dtype in the folder: {', '.join(DTYPES)} (a GGUF is dequantized to it)."},

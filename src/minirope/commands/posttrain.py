@@ -75,7 +75,7 @@ def post_train(args, config, model_args, split) -> dict:
     warm_up(setup, args, config, before, keep, split)
     starting = setup.warm.measured if setup.warm else before  # the measures of what the method starts from
     check_signal(starting, args, warm_started=bool(setup.warm))
-    check_cut(starting, args, setup.data.verse)
+    check_cut(starting, args, setup.data.cut_by_design)
     begin_writing(config.output_dir, "minirope-posttrain", resuming=setup.resume is not None)
     train = setup.data.train if setup.data.train is not None else own_preference_pairs(setup, args, config)
     start_weights = (  # kept only to interpolate with

@@ -8,7 +8,7 @@
     setup       a run's parts checked before any work (`prepare`), the method's TRL trainer (`build_trainer`,
                 with LoRA), the weights kept after it (`final_weights`: best, merged, interpolated)
     data        the training rows and the held-out prompts: a `datasets` folder or Hub id and its splits, files,
-                or (nothing given) the verse task's prompts from the bundled plays; TRL's standard formats
+                as a `Task`; TRL's standard formats
     reward_calls  rewards by name or import path, called as TRL calls them (prompts, completions, completion ids and
                 the dataset's columns), checked before training; DPO's pairs from the model's own samples ranked by
                 the rewards' sum
@@ -27,8 +27,10 @@
     report      the folder a run leaves (model or adapter, card, run summary: `write_run`) and its before -> after
                 line
     time_split  how a run's time went: loading, measures, warm start, method, writing
-    verse       the showcase task used when no data is given: prompts from the plays, its demonstrations (the
-                plays cut to their iambic lines), lines that scan and are iambic
+    tasks       `Task`, what a run receives: rows, held-out prompts, rewards, demonstrations, its own measures; a
+                bundled task is a package of it with one recipe of defaults per method (`--task NAME`, or the
+                default task when no data is given), and nothing outside its package knows it; `tasks.verse`,
+                the showcase task: prompts from the plays, lines that scan and are iambic (`minirope[verse]`)
 
 The training loops are TRL's; nothing here is an RL or preference loop of its own. Importing this package imports
 nothing heavy; its modules import TRL.

@@ -16,7 +16,6 @@ from trl import DistillationConfig, DPOConfig, GRPOConfig, ModelConfig, ScriptAr
 from minirope.data.pipeline import check_percentage
 from minirope.output.hub import TokenNotSaved
 from minirope.posttraining.reward_calls import REJECTED_BY
-from minirope.posttraining.verse import VERSE_REJECTED_BY, verse_rewards
 from minirope.training.arguments import LORA_TARGETS
 from minirope.training.heap import HEAP_TRIM_HELP, TRIM_INTERVAL_S
 from minirope.training.precision import decide_bf16
@@ -24,14 +23,10 @@ from minirope.training.sizing import CHECKPOINTING
 
 METHODS = ("grpo", "dpo", "distill")
 LM_COEF = {"grpo": 0.5, "dpo": 1.0, "distill": 0.0}  # measured in docs/verse_*.md
-OWN_PAIR_PROMPTS, VERSE_PROMPTS = 4096, 1024  # --num_prompts' defaults: dpo's own pairs' prompts, the verse task
-SFT_STEPS = {"grpo": 300, "dpo": 300, "distill": 0}  # the warm start, measured in docs/verse_history.md
+OWN_PAIR_PROMPTS = 4096  # --num_prompts' default for dpo's own pairs' prompts
+SFT_STEPS = {"grpo": 300, "dpo": 300, "distill": 0}  # the warm start on --sft_train_file, docs/verse_history.md
 SFT_BATCH_SIZE = 8  # the warm start's rows a step, measured in docs/verse_history.md
 SFT_LM_COEF = 0.5  # the corpus term's weight during the warm start, docs/verse_*.md
-
-
-def _listed(rewards: dict[str, float]) -> str:
-    return f"{' '.join(rewards)} (--reward_weights {' '.join(map(str, rewards.values()))})"
 
 
 def retuned(config: type, name: str, default: object) -> object:
@@ -54,8 +49,19 @@ class PosttrainArguments(ScriptArguments):
 
     sized: ClassVar[dict] = {}
     given: ClassVar[frozenset] = frozenset()
+    recipe: ClassVar[dict] = {}  # the --task recipe's values the run takes (no flag or --config set them)
+    recipe_path: ClassVar[str | None] = None
     method: str = field(
         default="grpo", metadata={"help": "grpo (reward), dpo (preference pairs) or distill (a teacher)."}
+    )
+    task: str | None = field(
+        default=None,
+        metadata={
+            "help": "A task that brings its own prompts, rewards and recipe of defaults: a bundled one by name "
+            "(verse: lines of iambic verse, the task taken when no data is given) or an import path of a module "
+            "with a load(args, seed) -> Task function (minirope.posttraining.tasks). Default: your data "
+            "(--dataset_name, --train_file)."
+        },
     )
     dataset_name: str | None = field(
         default=None,
@@ -63,7 +69,7 @@ class PosttrainArguments(ScriptArguments):
             "help": "The task's data, as TRL's scripts take it: a folder saved by `datasets` (save_to_disk), a "
             "folder of data files, or a Hub id. grpo/distill: prompt-only rows ({prompt}, plain or conversational; "
             "other columns reach the rewards); dpo: preference rows ({prompt, chosen, rejected}, or implicit prompt "
-            "{chosen, rejected}). Without any data: the verse task on the bundled plays."
+            "{chosen, rejected}). Without any data: a bundled task (--task)."
         },
     )
     dataset_test_split: str = field(
@@ -87,22 +93,19 @@ class PosttrainArguments(ScriptArguments):
     reward_funcs: list[str] | None = field(
         default=None,
         metadata={
-            "help": "Rewards by name (minirope's: scansion_reward, syllable_closeness_reward, meter_reward, "
-            "word_variety_reward, monosyllable_penalty) or import path "
-            "(my_rewards.exact_match, imported from the working directory as `trl grpo` does), called as TRL calls "
-            "them: prompts, completions, completion_ids and every dataset column as keyword arguments. grpo trains "
-            "on them; dpo ranks its own samples into pairs by their weighted sum; every method measures them on the "
-            "held-out prompts. "
-            f"Default for the verse task: grpo {_listed(verse_rewards('grpo'))}, dpo {_listed(verse_rewards('dpo'))}; "
-            "needed for grpo on your data."
+            "help": "Rewards by import path (my_rewards.exact_match, imported from the working directory as `trl "
+            "grpo` does), by name from TRL's registry or from the --task's own, called as TRL calls them: prompts, "
+            "completions, completion_ids and every dataset column as keyword arguments. grpo trains on them; dpo "
+            "ranks its own samples into pairs by their weighted sum; every method measures them on the held-out "
+            "prompts. Needed for grpo on your data; a bundled task's recipe names its own."
         },
     )
     num_prompts: int | None = field(
         default=None,
         metadata={
             "help": "At most this many training prompts. Default: every row of your data, except for dpo's own pairs "
-            f"(it samples each prompt --samples_per_prompt times: the first {OWN_PAIR_PROMPTS}); {VERSE_PROMPTS} for "
-            "the verse task (drawn from the training plays: as many as GRPO's default steps use)."
+            f"(it samples each prompt --samples_per_prompt times: the first {OWN_PAIR_PROMPTS}); a bundled task's "
+            "recipe sets its own."
         },
     )
     samples_per_prompt: int = field(default=8, metadata={"help": "dpo: samples of each prompt ranked for a pair."})
@@ -114,13 +117,12 @@ class PosttrainArguments(ScriptArguments):
             "rejected with none)."
         },
     )
-    rejected_by: str | None = field(
-        default=None,
+    rejected_by: str = field(
+        default="sum",
         metadata={
             "help": "dpo's own pairs: the sample a pair rejects, against the best by the rewards' sum: `sum`, the "
             "worst by the sum, or `first_reward`, the worst by the first of --reward_funcs (ties to the lower sum). "
-            f"Default {VERSE_REJECTED_BY} for the verse task's default rewards (the least metrical sample), `sum` "
-            "otherwise.",
+            "Default `sum`, or the --task recipe's with its own rewards.",
         },
     )
     lm_coef: float | None = field(
@@ -151,10 +153,9 @@ class PosttrainArguments(ScriptArguments):
         default=None,
         metadata={
             "help": "A warm start: steps of supervised fine-tuning (TRL's SFTTrainer) before the method, on "
-            "--sft_train_file, or for the verse task on the training plays cut to their iambic lines with a word of "
-            "two or more syllables. "
-            f"Default: {', '.join(f'{method} {steps}' for method, steps in SFT_STEPS.items())} where there are "
-            "demonstrations (the verse task, --sft_train_file), else 0."
+            "--sft_train_file, or on a --task's own demonstrations. "
+            f"Default: {', '.join(f'{method} {steps}' for method, steps in SFT_STEPS.items())} with --sft_train_file, "
+            "the --task recipe's, else 0."
         },
     )
     sft_train_file: list[str] | None = field(
@@ -211,7 +212,7 @@ class PosttrainArguments(ScriptArguments):
     heap_trim_seconds: float = field(default=TRIM_INTERVAL_S, metadata={"help": HEAP_TRIM_HELP})
     eval_prompts: int | None = field(
         default=None,
-        metadata={"help": "Held-out prompts measured before and after: default 16 speaker headers (verse), else all."},
+        metadata={"help": "Held-out prompts measured before and after: default all (a --task recipe sets its own)."},
     )
     eval_samples_per_prompt: int = field(
         default=16, metadata={"help": "Samples of each sampled held-out prompt (see --eval_sampled_prompts)."}
@@ -262,26 +263,18 @@ class PosttrainArguments(ScriptArguments):
                              "buffers; minirope's models have none: drop the flag.")  # fmt: skip
 
     @property
-    def verse_task(self) -> bool:
-        """No data given: the showcase task on the bundled plays."""
-        return not (self.dataset_name or self.train_file)
-
-    @property
     def prompt_limit(self) -> int | None:
-        """`--num_prompts`, or its default: `VERSE_PROMPTS` for the verse task, `OWN_PAIR_PROMPTS` for dpo's own
-        pairs, else None (every row)."""
+        """`--num_prompts`, or its default: `OWN_PAIR_PROMPTS` for dpo's own pairs, else None (every row)."""
         if self.num_prompts is not None:
             return self.num_prompts
-        if self.verse_task:
-            return VERSE_PROMPTS
         return OWN_PAIR_PROMPTS if self.method == "dpo" else None
 
     @property
     def warm_start_steps(self) -> int:
-        """`--sft_steps`, or its default: `SFT_STEPS` where there are demonstrations, else 0."""
+        """`--sft_steps` (given, or a --task recipe's), or its default: `SFT_STEPS` with --sft_train_file, else 0."""
         if self.sft_steps is not None:
             return self.sft_steps
-        return SFT_STEPS[self.method] if self.verse_task or self.sft_train_file else 0
+        return SFT_STEPS[self.method] if self.sft_train_file else 0
 
 
 @dataclass
@@ -409,7 +402,7 @@ class CpuDefaults(TokenNotSaved):
 
 
 # The methods' configs: learning rates, KL weights, steps and losses as measured in docs/post_training.md and
-# docs/verse_*.md. GRPO's are for the user's task (data given); the verse task's own tuned ones are `VerseGRPOConfig`'s.
+# docs/verse_*.md, for the user's task (data given); a bundled task's own are in its recipes.
 @dataclass
 class PosttrainGRPOConfig(CpuDefaults, GRPOConfig):
     output_dir: str = retuned(GRPOConfig, "output_dir", "runs/minirope-grpo")
@@ -436,21 +429,6 @@ class PosttrainGRPOConfig(CpuDefaults, GRPOConfig):
 
 
 @dataclass
-class VerseGRPOConfig(PosttrainGRPOConfig):
-    """GRPO's defaults for the verse task (no data given), tuned on it: 16 completions a prompt, 2 prompts a step, 250
-    steps, their advantages scaled by the batch's spread instead of each group's: 13 points more iambic lines over
-    three seeds, each within 0.9x the base's vocabulary, the GRPO steps in 0.8x the time (docs/verse_grpo.md, "How
-    GRPO scales its rewards")."""
-
-    learning_rate: float = retuned(GRPOConfig, "learning_rate", 6e-4)
-    per_device_train_batch_size: int = retuned(GRPOConfig, "per_device_train_batch_size", 32)
-    scale_rewards: str = retuned(GRPOConfig, "scale_rewards", "batch")
-    temperature: float = retuned(GRPOConfig, "temperature", 0.8)
-    top_k: int = retuned(GRPOConfig, "top_k", 50)
-    max_steps: int = retuned(GRPOConfig, "max_steps", 250)
-
-
-@dataclass
 class PosttrainDPOConfig(CpuDefaults, DPOConfig):
     output_dir: str = retuned(DPOConfig, "output_dir", "runs/minirope-dpo")
     # TRL's own loss, `sigmoid` (with the corpus term at 1.0 and pairs rejecting the least metrical sample): on the
@@ -465,8 +443,7 @@ class PosttrainDPOConfig(CpuDefaults, DPOConfig):
         default=None,
         metadata={
             "help": "Without preference data: the weights of the rewards' sum that ranks the model's own samples into "
-            "pairs, one per --reward_funcs (as GRPO's --reward_weights; default 1 each, and "
-            f"{' '.join(map(str, verse_rewards('dpo').values()))} for the verse task's default rewards)."
+            "pairs, one per --reward_funcs (as GRPO's --reward_weights; default 1 each, or the --task recipe's)."
         },
     )
 
@@ -490,4 +467,3 @@ class PosttrainDistillationConfig(CpuDefaults, DistillationConfig):
 
 
 CONFIGS = {"grpo": PosttrainGRPOConfig, "dpo": PosttrainDPOConfig, "distill": PosttrainDistillationConfig}
-VERSE_CONFIGS = {**CONFIGS, "grpo": VerseGRPOConfig}  # no data given: the verse task's tuned defaults

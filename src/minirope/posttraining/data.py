@@ -10,63 +10,36 @@
 They come from `--dataset_name` (a folder saved by `datasets`, a folder of data files or a Hub id, with
 `--dataset_config`, `--dataset_train_split`, `--dataset_test_split`, as `trl grpo` takes them) or from
 `--train_file`/`--validation_file`. The held-out prompts are the test split's; a dataset without one has its first
-`--validation_split_percentage` % of rows held out, never trained on (`minirope.data.pipeline.hold_out`). With no data
-at all, the run is the verse task (`minirope.posttraining.verse`) and says so.
+`--validation_split_percentage` % of rows held out, never trained on (`minirope.data.pipeline.hold_out`). They make
+the run's `Task` (`data_task`); with no data at all, the run takes a bundled task (`minirope.posttraining.tasks`).
 """
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from datasets import Dataset, load_dataset
 from transformers import PreTrainedTokenizerBase
 from trl.data_utils import is_conversational, maybe_extract_prompt
 
-from minirope.data.bundled import BUNDLED_CORPUS
 from minirope.data.documents import expand_files
 from minirope.data.pipeline import first_rows, hold_out
 from minirope.data.sources import open_dataset
 from minirope.folders import first_line
 from minirope.posttraining.arguments import PosttrainArguments
-from minirope.posttraining.verse import training_prompts, validation_headers
+from minirope.posttraining.tasks import Task
 
 PAIR_COLUMNS = ("chosen", "rejected")
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-VERSE_EVAL_PROMPTS = 16
 DEFAULT_TEST_SPLIT = PosttrainArguments.__dataclass_fields__["dataset_test_split"].default  # absent: a share held out
+USER_DATA = "user data"  # the task's name
 
 
-@dataclass
-class TaskData:
-    """What a run trains on and is measured on.
-
-    Attributes:
-        train: the training rows (prompts, or preference pairs); None where dpo builds its pairs from the model's
-            own samples of `pair_prompts`.
-        held_out: the measured prompts, `prompt` and the data's other columns (never trained on).
-        pair_prompts: dpo without pairs: the prompts to sample and rank (with their columns).
-        source: the data's name for the card and the summary.
-        verse: the verse task (no data given).
-        rows: the user's training rows, every one (not only the --num_prompts trained or sampled): where they carry
-            answers, the warm start's (`warm_start.answer_rows`); None for preference pairs and the verse task.
-    """
-
-    train: Dataset | None
-    held_out: Dataset
-    pair_prompts: Dataset | None
-    source: str
-    verse: bool
-    rows: Dataset | None = None
-
-
-def load_task_data(args: PosttrainArguments, seed: int) -> TaskData:
-    """The run's `TaskData` from its flags (see the module doc).
+def data_task(args: PosttrainArguments) -> Task:
+    """The run's `Task` from its data flags (see the module doc).
 
     Raises:
         ValueError, FileNotFoundError: a missing dataset, file or split, a row format the method does not take,
             or too few rows to hold out.
     """
-    if args.verse_task:
-        return verse_data(args, seed)
     splits, source = load_splits(args)
     train = splits["train"]
     # dpo takes preference rows, or prompts whose own samples it ranks into pairs
@@ -81,24 +54,14 @@ def load_task_data(args: PosttrainArguments, seed: int) -> TaskData:
         check_columns(held_out, pairs, args.method, f"{source} {args.dataset_test_split}")
     held_out = first_rows(prompts_of_pairs(held_out) if pairs else held_out, args.eval_prompts)
     if pairs:
-        return TaskData(train, held_out, None, source, verse=False)
+        return Task(USER_DATA, source, held_out, train=train)
     prompts = first_rows(train, args.prompt_limit)
     if args.method == "dpo":
         if len(prompts) < len(train):
             print(f"[minirope] dpo's own pairs: the first {len(prompts)} of {len(train)} training prompts are sampled "
                   f"(--num_prompts)")  # fmt: skip
-        return TaskData(None, held_out, prompts, source, verse=False, rows=train)
-    return TaskData(prompts, held_out, None, source, verse=False, rows=train)
-
-
-def verse_data(args: PosttrainArguments, seed: int) -> TaskData:
-    """The verse task: prompts from the training plays (dpo: to sample its own pairs), the validation plays' speaker
-    headers held out."""
-    prompts = Dataset.from_dict({"prompt": training_prompts(args.prompt_limit, seed)})
-    held_out = Dataset.from_dict({"prompt": validation_headers(args.eval_prompts or VERSE_EVAL_PROMPTS)})
-    if args.method == "dpo":
-        return TaskData(None, held_out, prompts, BUNDLED_CORPUS, verse=True)
-    return TaskData(prompts, held_out, None, BUNDLED_CORPUS, verse=True)
+        return Task(USER_DATA, source, held_out, pair_prompts=prompts, rows=train)
+    return Task(USER_DATA, source, held_out, train=prompts, rows=train)
 
 
 def load_splits(args: PosttrainArguments) -> tuple[dict[str, Dataset], str]:
@@ -181,7 +144,7 @@ def prompts_of_pairs(pairs: Dataset) -> Dataset:
     return pairs.remove_columns([column for column in PAIR_COLUMNS if column in pairs.column_names])
 
 
-def check_chat_template(data: TaskData, tokenizer: PreTrainedTokenizerBase) -> None:
+def check_chat_template(data: Task, tokenizer: PreTrainedTokenizerBase) -> None:
     """Conversational prompts are rendered with the tokenizer's chat template, by TRL and by the measures.
 
     Raises:

@@ -9,8 +9,7 @@ On the held-out prompts (never trained on; `minirope.posttraining.data`):
 - the share of distinct sampled completions (a policy that collapses onto one answer shows here);
 - bits per byte of the validation text, when there is one (`--lm_validation_file`, or the bundled validation plays
   for a model trained on them), each document tokenized whole, as `minirope-pretrain` reports it;
-- for the verse task, the share of sampled lines that scan, are iambic and are distinct, the share of scanning lines
-  of monosyllables only and the distinct words per word (`verse_measure`).
+- the task's own measures of the sampled completions (`Task.measure`), saved under their own names.
 """
 
 import functools
@@ -30,10 +29,8 @@ from trl.data_utils import is_conversational
 from minirope.compat_minirope import cache_keyword
 from minirope.data.documents import Shard
 from minirope.data.pipeline import validation_windows
-from minirope.posttraining.reward_calls import call_reward, reward_name, weighted_reward
+from minirope.posttraining.reward_calls import call_reward, completion_text, reward_name, weighted_reward
 from minirope.posttraining.rollouts import merged_adapter
-from minirope.posttraining.verse import VerseMeasure, verse_measure
-from minirope.rewards import completion_text
 from minirope.training.precision import precision_name, run_autocast
 from minirope.training.trainer import MiniRopeTrainer
 
@@ -267,7 +264,8 @@ class TaskMeasure:
     sampled: dict[str, float | None]
     distinct_share: float
     bits_per_byte: float | None
-    verse: VerseMeasure | None
+    task_measures: dict = field(default_factory=dict)  # the task's own (`Task.measure`), by name
+    task_line: str = ""  # ... in a few words
     samples: list[dict] = field(default_factory=list)
     alike_share: float | None = None  # prompts whose sampled completions all score alike (`alike_share`)
     solved_share: float | None = None  # ... all at full credit (`solved_share`): a part of `alike_share`
@@ -293,7 +291,7 @@ class TaskMeasure:
             "prompts_solved_by_every_sample_share": self.solved_share,
             "sampled_cut_at_token_limit_share": self.cut_share,
             "precision": self.precision,
-            **(asdict(self.verse) if self.verse else {}),
+            **self.task_measures,
         }
 
     def line(self) -> str:
@@ -304,18 +302,27 @@ class TaskMeasure:
         parts.append(f"{self.distinct_share:.1%} distinct")
         if self.cut_share:
             parts.append(f"{self.cut_share:.0%} cut at {self.max_new_tokens} tokens")
-        if self.verse:
-            parts.append(self.verse.line())
+        if self.task_line:
+            parts.append(self.task_line)
         if self.bits_per_byte is not None:
             parts.append(f"validation {self.bits_per_byte:.4f} bits/byte")
         return ", ".join(parts)
 
 
+def task_measures(task_measure, texts: list[str]) -> dict:
+    """`TaskMeasure`'s `task_measures` and `task_line` from a task's measure (a dataclass with a `line()`)."""
+    if task_measure is None:
+        return {}
+    measured = task_measure(texts)
+    return {"task_measures": asdict(measured), "task_line": measured.line()}
+
+
 def measure_task(model, tokenizer, held_out: Dataset, rewards: list, args, config, text: list[Shard] | None,
-                 verse: bool) -> TaskMeasure:  # fmt: skip
+                 task_measure=None) -> TaskMeasure:  # fmt: skip
     """The measures of `model` on the `held_out` prompts (see the module doc); `args` gives
     `eval_samples_per_prompt` and `eval_max_new_tokens`, the method's TRL `config` the seed and the precision and
-    device of the bits per byte, `text` the validation text (None: not measured)."""
+    device of the bits per byte, `text` the validation text (None: not measured), `task_measure` the task's own
+    measure of the sampled texts (`Task.measure`; None: none)."""
     tokens, seed = args.eval_max_new_tokens, config.seed
     greedy = sample(model, tokenizer, held_out, 1, tokens, seed, GREEDY, config)
     sampled_rows = held_out.select(range(min(len(held_out), args.eval_sampled_prompts or len(held_out))))
@@ -338,7 +345,7 @@ def measure_task(model, tokenizer, held_out: Dataset, rewards: list, args, confi
         sampled={name: means(groups) for name, groups in values.items()},
         distinct_share=len(set(texts)) / max(1, len(texts)),
         bits_per_byte=bits_per_byte(model, tokenizer, text, config) if text else None,
-        verse=verse_measure(texts) if verse else None,
+        **task_measures(task_measure, texts),
         samples=examples,
         alike_share=alike_share(values, getattr(config, "reward_weights", None)) if per_prompt > 1 else None,
         solved_share=solved_share(values, getattr(config, "reward_weights", None)) if per_prompt > 1 else None,

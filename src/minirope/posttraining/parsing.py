@@ -1,8 +1,9 @@
-"""`minirope-posttrain`'s command line, read once: the method and the data named (`preparse`, which decides the
-method's config class and the defaults sized from the model), the `--config` YAML file (TRL's) or a single JSON
-arguments file (`arguments_file`), then TRL's `TrlParser` over `(PosttrainArguments, the method's config,
-PosttrainModelConfig)`, recording which flags the user set (`given_flags`). The flags themselves are
-`minirope.posttraining.arguments`'."""
+"""`minirope-posttrain`'s command line, read once: the method, the task and the data named (`preparse`, which decides
+the method's config class, the task's recipe and the defaults sized from the model), the `--config` YAML file (TRL's)
+or a single JSON arguments file (`arguments_file`), then TRL's `TrlParser` over `(PosttrainArguments, the method's
+config, PosttrainModelConfig)`, recording which flags the user set (`given_flags`). A flag's value comes from, in
+order of precedence: the command line, the `--config` file, the defaults sized from the model, the task's recipe
+(`recipe`), then the method's config. The flags themselves are `minirope.posttraining.arguments`'."""
 
 import sys
 from dataclasses import dataclass, field, fields
@@ -14,20 +15,21 @@ from trl import TrlParser
 from minirope.posttraining.arguments import (
     CONFIGS,
     METHODS,
-    VERSE_CONFIGS,
     PosttrainArguments,
     PosttrainModelConfig,
 )
 from minirope.posttraining.sizing import count_parameters, sized_defaults
+from minirope.posttraining.tasks import DEFAULT_TASK, recipe_path
 from minirope.training.arguments import given_flags, json_arguments, read_arguments_file
 
 
 @dataclass
 class Preparsed:
-    """What decides the config class (the method, and whether data is given, else the verse task) and the defaults
-    sized from the model (`sizing`)."""
+    """What decides the config class (the method), the task and its recipe (`--task`, or none given: the data's, or
+    without data `DEFAULT_TASK`) and the defaults sized from the model (`sizing`)."""
 
     method: str = PosttrainArguments.__dataclass_fields__["method"].default
+    task: str | None = None
     dataset_name: str | None = None
     train_file: list[str] | None = None
     model_name_or_path: str | None = field(default=None, metadata={"aliases": ["--model"]})
@@ -45,6 +47,32 @@ class Preparsed:
         except (ValueError, OSError):
             return {}
         return sized_defaults(self.method, parameters, self.use_peft)
+
+    @property
+    def task_name(self) -> str | None:
+        """The run's task: `--task`, else None for the user's data, else (no data) `DEFAULT_TASK`."""
+        return self.task or (None if self.dataset_name or self.train_file else DEFAULT_TASK)
+
+
+TOGETHER = {"reward_funcs": ("reward_weights", "rejected_by")}  # a recipe's values that only go with its own rewards
+
+
+def recipe(known: Preparsed, given: frozenset) -> tuple[dict, str | None]:
+    """The flags the task's recipe sets for the method (`tasks.recipe_path`), less those the user set, and less the
+    values that go with a recipe's flag the user replaced (`TOGETHER`: the recipe's reward weights with the user's
+    rewards); `({}, None)` for the user's data, a task without a recipe, `--help` or an unknown method.
+
+    Raises:
+        ValueError: an unknown task, or a recipe that is not a mapping of flags.
+    """
+    if known.task_name is None or known.method not in METHODS:
+        return {}, None
+    path = recipe_path(known.task_name, known.method)
+    values = {} if path is None else read_arguments_file(path, "--task recipe")
+    for name, others in TOGETHER.items():
+        if name in given:
+            values = {key: value for key, value in values.items() if key not in others}
+    return {key: value for key, value in values.items() if key not in given}, path and str(path)
 
 
 def preparse(argv: list[str], arguments: dict) -> Preparsed:
@@ -94,7 +122,8 @@ def arguments_file(argv: list[str]) -> dict:
 def parse_args(argv: list[str] | None = None) -> tuple:
     """`(PosttrainArguments, the method's TRL config, PosttrainModelConfig)`, TRL's script order, from `argv` (default:
     the command line): TRL's `TrlParser` with `--config file.yaml` (the command line wins over the file), or a
-    single JSON arguments file. The config's class is the method's (`CONFIGS`), or the verse task's without data.
+    single JSON arguments file. The config's class is the method's (`CONFIGS`); the task's recipe and the sized
+    defaults are the parser's defaults (`recipe`, `sizing`).
 
     Raises:
         ValueError: an unknown method, a flag outside its range, or a missing or bad arguments file.
@@ -103,11 +132,13 @@ def parse_args(argv: list[str] | None = None) -> tuple:
     argv = [part for item in argv for part in (item.split("=", 1) if item.startswith("--config=") else [item])]
     arguments = arguments_file(argv)
     known = preparse(argv, arguments)
-    configs = CONFIGS if known.dataset_name or known.train_file else VERSE_CONFIGS
-    types = (PosttrainArguments, configs.get(known.method, configs["grpo"]), PosttrainModelConfig)
+    types = (PosttrainArguments, CONFIGS.get(known.method, CONFIGS["grpo"]), PosttrainModelConfig)
     sized = known.sized_defaults()
+    given = given_flags(argv, arguments)
+    recipe_values, path = ({}, None) if {"-h", "--help"} & set(argv) else recipe(known, given)
+    defaults = {**recipe_values, **sized}
     if json_arguments(argv):
-        parsed = HfArgumentParser(types).parse_dict({**sized, **arguments})
+        parsed = HfArgumentParser(types).parse_dict({**defaults, **arguments})
     else:
         if arguments:
             flags = {item.name for kind in types for item in fields(kind)} | {"env"}  # TRL's `env:` sets variables
@@ -116,8 +147,11 @@ def parse_args(argv: list[str] | None = None) -> tuple:
                 raise ValueError(f"--config {config_path(argv)}: {', '.join(unknown)} is not a flag of "
                                  f"minirope-posttrain --method {known.method} (--help lists them).")  # fmt: skip
         parser = TrlParser(types)
-        parser.set_defaults(**sized)  # the YAML file's values, then the command line's, win
+        parser.set_defaults(**defaults)  # the YAML file's values, then the command line's, win
         parsed = parser.parse_args_and_config(args=argv)
-    parsed[0].given = given_flags(argv, arguments)
-    parsed[0].sized = {name: value for name, value in sized.items() if name not in parsed[0].given}
+    args = parsed[0]
+    args.given, args.task = given, known.task_name
+    args.sized = {name: value for name, value in sized.items() if name not in given}
+    args.recipe = {name: value for name, value in recipe_values.items() if name not in args.sized}
+    args.recipe_path = path
     return parsed

@@ -14,11 +14,16 @@ import sys
 
 from datasets import Dataset
 
-from minirope.rewards import REWARDS
-
 # TRL's reward registry (`trl grpo --reward_funcs NAME`); they read conversational completions, and accuracy_reward
 # a `solution` column and the math_verify package.
 TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
+
+
+def completion_text(completion) -> str:
+    """A completion's text: a string (TRL's standard format), or the last message's content (conversational)."""
+    if isinstance(completion, str):
+        return completion
+    return completion[-1]["content"] if completion else ""
 
 
 def weighted_reward(values, weights: list[float] | None) -> float:
@@ -29,16 +34,17 @@ def weighted_reward(values, weights: list[float] | None) -> float:
     return sum(weight * (value or 0.0) for weight, value in zip(weights, values, strict=True))
 
 
-def resolve_reward(name: str):
-    """A reward function by name: minirope's (`minirope.rewards.REWARDS`), TRL's registry (`trl.rewards`), or a dotted
-    import path, imported with the working directory on `sys.path`, as TRL's own `trl grpo --reward_funcs` does.
+def resolve_reward(name: str, offered: dict | None = None):
+    """A reward function by name: one the task offers (`offered`, `Task.rewards`), TRL's registry (`trl.rewards`), or a
+    dotted import path, imported with the working directory on `sys.path`, as TRL's own `trl grpo --reward_funcs` does.
 
     Raises:
         ValueError: no reward has that name or path (naming the known names), or the module fails to import (the
             error raised inside it, as itself).
     """
-    if name in REWARDS:
-        return REWARDS[name]
+    offered = offered or {}
+    if name in offered:
+        return offered[name]
     if name in TRL_REWARDS:
         import trl.rewards
 
@@ -57,7 +63,7 @@ def resolve_reward(name: str):
             f"--reward_funcs {name}: importing {module_name} failed: {type(error).__name__}: {error}"
         ) from None
     if not callable(reward):
-        known = [*REWARDS, *TRL_REWARDS]
+        known = [*offered, *TRL_REWARDS]
         raise ValueError(
             f"--reward_funcs {name!r} is not a reward: give one of {', '.join(known)} or an import path "
             f"(my_module.my_reward, from the working directory) of a function (prompts, completions, **kwargs) -> "

@@ -14,13 +14,13 @@ from minirope.posttraining.corpus import (
     corpus_of,
     interpolate_weights,
 )
-from minirope.posttraining.data import check_chat_template, load_task_data
+from minirope.posttraining.data import check_chat_template, data_task
 from minirope.posttraining.keep_best import KeepBest, Selection, held_out_score, weighted_sum
 from minirope.posttraining.measures import SAMPLING, SIGNAL_SAMPLES, measure_task, sample
 from minirope.posttraining.reward_calls import check_rewards, resolve_reward
 from minirope.posttraining.sizing import after_warm_start
+from minirope.posttraining.tasks import Task, load_task
 from minirope.posttraining.time_split import TimeSplit
-from minirope.posttraining.verse import VERSE_REJECTED_BY, verse_rewards
 from minirope.posttraining.warm_start import (
     answer_warm_start,
     demonstrations,
@@ -37,7 +37,7 @@ CUT_SHARE = 0.25  # of the held-out samples cut at the token limit: from here `c
 
 @dataclass
 class Setup:
-    """What a run trains: the model and its tokenizer, the teacher (distill), the rewards, the data (`TaskData`), the
+    """What a run trains: the model and its tokenizer, the teacher (distill), the rewards, the task (`Task`), the
     corpus term (`Corpus`), the warm start (`WarmStart`; None: none), the checkpoint to resume and the model's
     flags (`PosttrainModelConfig`)."""
 
@@ -45,7 +45,7 @@ class Setup:
     tokenizer: object
     teacher: object | None
     rewards: list
-    data: object
+    data: Task
     corpus: object
     warm: object = None
     resume: str | None = None
@@ -67,27 +67,22 @@ def prepare(args, config, model_args) -> Setup:
     check_flags(args, config, model_args)
     claim(config.output_dir, args.overwrite_output_dir, resume_requested(config))
     resume = resolve_resume(config)
-    data = load_task_data(args, config.seed)
-    defaults = verse_rewards(args.method) if data.verse and not args.reward_funcs else {}
-    names = args.reward_funcs or list(defaults)
+    data = data_task(args) if args.task is None else load_task(args.task, args, config.seed)
+    names = args.reward_funcs or []
     if not names and (args.method == "grpo" or data.train is None):
         what = "trains on" if args.method == "grpo" else "ranks its own samples by"
         raise ValueError(
             f"--method {args.method} {what} a reward: give --reward_funcs, by name or import path (my_rewards.exact, "
             f"a function (prompts, completions, **columns) -> list[float])."
         )
-    rewards = [resolve_reward(name) for name in names]
-    if hasattr(config, "reward_weights") and config.reward_weights is None and defaults:
-        config.reward_weights = list(defaults.values())  # the verse task's default rewards' weights
-    if args.rejected_by is None:
-        args.rejected_by = VERSE_REJECTED_BY if defaults else "sum"
+    rewards = [resolve_reward(name, data.rewards) for name in names]
     weights = getattr(config, "reward_weights", None)  # distill has none
     if weights is not None and len(weights) != len(rewards):
         raise ValueError(f"--reward_weights: {len(weights)} given for {len(rewards)} rewards ({', '.join(names)}): "
                          f"give one weight per reward.")  # fmt: skip
     corpus = corpus_of(args, model_args.model_name_or_path)
     check_corpus_term(corpus, config)
-    warm = demonstrations(args, data.rows, data.verse) if args.warm_start_steps else None
+    warm = demonstrations(args, data) if args.warm_start_steps else None
     trust, kwargs, revision = config.trust_remote_code, model_args.init_kwargs(), model_args.model_revision
     model, tokenizer = load_causal_lm(ModelArguments(model_args.model_name_or_path, trust, revision), **kwargs)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
@@ -102,12 +97,17 @@ def prepare(args, config, model_args) -> Setup:
     check_rewards(rewards, probe.rows, probe.completions, probe.completion_ids)
     weight = f", weight {corpus.coef}" if corpus.shards else ""
     weight += f" (warm start {corpus.warm_coef})" if corpus.shards and warm else ""
+    if args.recipe:
+        flags = " ".join(f"--{name} {' '.join(map(str, value)) if isinstance(value, list) else value}"
+                         for name, value in args.recipe.items())  # fmt: skip
+        print(f"[minirope] task {args.task}: defaults from its recipe {args.recipe_path}: {flags} (a flag given "
+              f"wins)")  # fmt: skip
     if args.sized:
         flags = " ".join(f"--{name} {value}" for name, value in args.sized.items())
         print(f"[minirope] defaults sized for a model of {model.num_parameters() / 1e6:.1f}M parameters: {flags} "
               f"(a flag given wins; minirope.posttraining.sizing)")  # fmt: skip
     rows = f"{len(data.train)} training rows, " if data.train is not None else ""
-    print(f"[minirope] data: {'the verse task, ' if data.verse else ''}{data.source}; {rows}{len(data.held_out)} "
+    print(f"[minirope] task: {data.name}, {data.source}; {rows}{len(data.held_out)} "
           f"held-out prompts measured; corpus term: {corpus.source}{weight}")  # fmt: skip
     return Setup(model, tokenizer, teacher, rewards, data, corpus, warm, resume, model_args)
 
@@ -150,7 +150,7 @@ def check_teacher(student_tokenizer, teacher_tokenizer) -> None:
 def measure(setup: Setup, args, config):
     """The measures of the model now (`measure_task`), printed."""
     measured = measure_task(setup.model, setup.tokenizer, setup.data.held_out, setup.rewards, args, config,
-                            setup.corpus.validation, setup.data.verse)  # fmt: skip
+                            setup.corpus.validation, setup.data.measure)  # fmt: skip
     sampled = f" ({measured.sampled_prompts} sampled)" if measured.sampled_prompts < measured.prompts else ""
     print(f"[minirope] {measured.prompts} held-out prompts{sampled}, in {measured.precision}: {measured.line()}")
     return measured
@@ -196,14 +196,14 @@ def check_signal(measured, args, warm_started: bool = False) -> None:
               f"the other prompts' groups (TRL logs the share of such groups as frac_reward_zero_std)")  # fmt: skip
 
 
-def check_cut(measured, args, verse: bool) -> None:
+def check_cut(measured, args, cut_by_design: bool) -> None:
     """Print a line when at least `CUT_SHARE` of the held-out samples reach the token limit unfinished
     (`TaskMeasure.cut_share`), for GRPO on a user's task: a reward that reads a cut reply (its last number, say) can
     be gamed by replies that never end. On docs/pretrained.md's largest-of-three task, SmolLM2's samples were half cut
     at 32 tokens, and GRPO learned to restate the question at length (0 % on other problems) until TRL's overlong
-    punishment (DAPO, Eq. 13) joined the rewards. The verse task's completions are cut by design."""
+    punishment (DAPO, Eq. 13) joined the rewards. A task may cut its completions by design (`Task.cut_by_design`)."""
     share = measured.cut_share
-    if args.method != "grpo" or verse or share is None or share < CUT_SHARE:
+    if args.method != "grpo" or cut_by_design or share is None or share < CUT_SHARE:
         return
     print(f"[minirope] {share:.0%} of the held-out samples reach the {measured.max_new_tokens}-token limit "
           f"unfinished: a reward that reads a cut reply can be gamed by replies that never end; TRL's overlong "
@@ -238,7 +238,7 @@ def keep_best_callback(setup: Setup, args, config, before, split: TimeSplit) -> 
 
 
 def warm_up(setup: Setup, args, config, before, keep: KeepBest | None, split: TimeSplit) -> None:
-    """The warm start, where the run takes one (`--sft_steps`, the verse task's, or by itself on the rows' answers:
+    """The warm start, where the run takes one (`--sft_steps`, a task recipe's, or by itself on the rows' answers:
     `answer_warm_start`): `setup.model` becomes the warm-started model, measured (`setup.warm.measured`), offered to
     `keep` as step 0, and the sized defaults for after a warm start applied (`sizing.after_warm_start`). A resumed run
     whose warm start is done (`saved_warm_start`) takes its model and measures from `<output_dir>/_warm_start`

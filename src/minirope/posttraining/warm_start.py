@@ -2,14 +2,14 @@
 on demonstrations before its RL (Ouyang et al. 2022, step 1) and DeepSeek-R1 starts RL from a "cold start" SFT.
 
 `--sft_steps N` runs TRL's `SFTTrainer` for N steps of `--sft_batch_size` rows on `--sft_train_file`'s rows (TRL's
-SFT formats: `text`, `prompt`/`completion` or `messages`; a `.txt` file is one `text` row), or, for the verse task,
-on the training plays cut to their iambic lines with a word of two or more syllables (`verse.iambic_plays`): text
-the reward pays for, in the plays' own words, so the method starts from a model that already writes more of it
-without the narrowing a reward alone brings (docs/verse_history.md measures both). Text rows are packed into blocks
+SFT formats: `text`, `prompt`/`completion` or `messages`; a `.txt` file is one `text` row), or on the task's own
+demonstrations (`Task.demonstrations`; the verse task's: text its reward pays for, in the plays' own words, so the
+method starts from a model that already writes more of it without the narrowing a reward alone brings,
+docs/verse_history.md). Text rows are packed into blocks
 of the model's context ("wrapped"), as `minirope-finetune` packs plain text. The run's corpus term
 (`corpus.CorpusTerm`, on `--lm_coef`'s text) takes part in every warm-start update too, weighted `--sft_lm_coef`
 (0.5 by default), so that demonstrations narrower than the pretraining text cost less of it (measured in
-docs/verse_history.md: on the verse task, less than half the drift in bits per byte: +0.016 against +0.037).
+docs/verse_history.md: less than half the drift in bits per byte: +0.016 against +0.037).
 
 Where the rows of the user's task carry their answers (TRL's `solution` column, or a `completion`) and GRPO (or DPO
 ranking its own samples into pairs) would have little to learn from (`answer_warm_start`: the sampled completions of at
@@ -50,7 +50,6 @@ from minirope.posttraining.corpus import CorpusTerm, add_corpus
 from minirope.posttraining.data import read_files
 from minirope.posttraining.measures import RUN_STATE, SIGNAL_SAMPLES, TaskMeasure
 from minirope.posttraining.sizing import ANSWER_STEPS, larger, sft_learning_rate
-from minirope.posttraining.verse import VerseMeasure, iambic_plays
 
 SFT_FORMATS = ({"text"}, {"prompt", "completion"}, {"messages"})  # TRL's SFT formats, by their columns
 ANSWER_COLUMNS = ("completion", "solution")  # a row's answer, by preference
@@ -73,9 +72,9 @@ class MiniRopeSFTTrainer(CorpusTerm, SFTTrainer):
     """TRL's `SFTTrainer`, with the corpus term of `CorpusTerm`."""
 
 
-def demonstrations(args, rows: Dataset | None, verse: bool) -> WarmStart:
-    """The warm start's rows for `--sft_steps`: `--sft_train_file` (paths or globs), for the verse task the training
-    plays cut to their iambic lines (`iambic_plays`), else the answers in the training `rows` (`answer_rows`).
+def demonstrations(args, task) -> WarmStart:
+    """The warm start's rows for `--sft_steps`: `--sft_train_file` (paths or globs), the task's own
+    (`Task.demonstrations`), else the answers in the task's training rows (`answer_rows` of `Task.rows`).
 
     Raises:
         ValueError: no demonstrations (a run on the user's data without --sft_train_file or answers in its rows),
@@ -85,9 +84,9 @@ def demonstrations(args, rows: Dataset | None, verse: bool) -> WarmStart:
     """
     steps = args.warm_start_steps
     if not args.sft_train_file:
-        if verse:
-            return WarmStart(Dataset.from_dict({"text": iambic_plays()}), "the training plays cut to their iambic "
-                             "lines", steps)  # fmt: skip
+        if task.demonstrations is not None:
+            return WarmStart(*task.demonstrations(), steps)
+        rows = task.rows
         answers = answer_rows(rows) if rows is not None else None
         if answers is None:
             raise ValueError("--sft_steps needs demonstrations of your task: give --sft_train_file (text, "
@@ -141,7 +140,7 @@ def answer_warm_start(setup, args, measured) -> WarmStart | None:
     each) all scored alike in `measured` (`TaskMeasure.alike_share`): GRPO's groups, and DPO's own pairs, need
     samples that score apart."""
     share, prompts = measured.failing_share, setup.data.rows
-    if args.method == "distill" or prompts is None or args.sft_steps is not None or setup.data.verse:
+    if args.method == "distill" or prompts is None or args.sft_steps is not None:
         return None
     if share is None or share < WARM_START_SHARE or args.eval_samples_per_prompt < SIGNAL_SAMPLES:
         return None
@@ -237,9 +236,8 @@ def saved_warm_start(output_dir: str, resume: str | None) -> WarmStart | None:
     if resume is None or not file.is_file():
         return None
     saved = json.loads(file.read_text())
-    measured = saved["measured"]
-    verse = VerseMeasure(**measured["verse"]) if measured["verse"] else None
-    return WarmStart(None, saved["source"], saved["steps"], TaskMeasure(**{**measured, "verse": verse}))
+    measured = {name: value for name, value in saved["measured"].items() if name in TaskMeasure.__dataclass_fields__}
+    return WarmStart(None, saved["source"], saved["steps"], TaskMeasure(**measured))
 
 
 def finish_warm_start(output_dir: str) -> None:

