@@ -68,6 +68,13 @@ def test_the_verse_tasks_recipe_is_the_default_without_data_and_yields_to_the_us
     assert (config.reward_weights, args.rejected_by) == (None, "sum") and "reward_weights" not in args.recipe
 
 
+def test_the_method_may_be_given_as_a_subcommand_as_trl_takes_it():
+    args, config, _ = parse_args(["dpo", "--model", "./m", "--train_file", "pairs.jsonl"])
+    assert args.method == "dpo" and type(config).__name__ == "PosttrainDPOConfig"
+    with pytest.raises(ValueError, match="give the method once"):
+        parse_args(["dpo", "--model", "./m", "--method", "grpo"])
+
+
 def test_help_shows_the_methods_defaults_not_a_tasks(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--help"])

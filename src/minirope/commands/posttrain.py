@@ -7,7 +7,8 @@
     minirope-posttrain --method grpo --model_name_or_path runs/my-model --dataset_name data/problems \\
         --reward_funcs my_rewards.exact_match --use_peft --lora_r 8      # a LoRA adapter, merged on save
     minirope-posttrain --config grpo.yaml                                # TRL's YAML file of flags
-    minirope-posttrain --method grpo --model_name_or_path runs/minirope-shakespeare   # no data: the demo task
+    minirope-posttrain --method grpo --model_name_or_path runs/minirope-shakespeare   # no data: the verse task
+    minirope-posttrain dpo --model_name_or_path runs/my-model --train_file pairs.jsonl  # the method as a subcommand
 
 The flags are TRL's scripts' (`trl grpo`): `TrlParser((ScriptArguments, the method's config, ModelConfig))`, with
 minirope's task flags in `PosttrainArguments` (a `ScriptArguments`) and `--method`; `--help` with a `--method` lists

@@ -121,14 +121,18 @@ def arguments_file(argv: list[str]) -> dict:
 
 def parse_args(argv: list[str] | None = None) -> tuple:
     """`(PosttrainArguments, the method's TRL config, PosttrainModelConfig)`, TRL's script order, from `argv` (default:
-    the command line): TRL's `TrlParser` with `--config file.yaml` (the command line wins over the file), or a
-    single JSON arguments file. The config's class is the method's (`CONFIGS`); the task's recipe and the sized
+    the command line; a first word `grpo`, `dpo` or `distill` is `--method`'s): TRL's `TrlParser` with `--config
+    file.yaml` (the command line wins over the file), or a single JSON arguments file. The config's class is the method's (`CONFIGS`); the task's recipe and the sized
     defaults are the parser's defaults (`recipe`, `sizing`).
 
     Raises:
         ValueError: an unknown method, a flag outside its range, or a missing or bad arguments file.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in METHODS:  # the subcommand form: `minirope-posttrain grpo ...`, as `trl grpo ...`
+        if any(item == "--method" or item.startswith("--method=") for item in argv):
+            raise ValueError(f"give the method once: `minirope-posttrain {argv[0]} ...` or `--method {argv[0]}`.")
+        argv = ["--method", *argv]
     argv = [part for item in argv for part in (item.split("=", 1) if item.startswith("--config=") else [item])]
     arguments = arguments_file(argv)
     known = preparse(argv, arguments)
