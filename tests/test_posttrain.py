@@ -376,17 +376,16 @@ def test_sampled_completion_ids_keep_their_end_of_sequence_token_as_trl_gives_th
 
 def test_a_run_warns_when_many_samples_are_cut_at_the_token_limit(capsys):
     """GRPO on a user's task with half its held-out samples unfinished at the limit: one line naming TRL's overlong
-    punishment; nothing below `CUT_SHARE`, for other methods or for a task that cuts by design (the verse task)."""
+    punishment; nothing below `CUT_SHARE`, or for a task that cuts by design (the verse task)."""
     from types import SimpleNamespace
 
-    from minirope.posttraining.setup import CUT_SHARE, check_cut
+    from minirope.posttraining.grpo import CUT_SHARE, check_cut
 
     cut = SimpleNamespace(cut_share=0.5, max_new_tokens=32)
     check_cut(cut, SimpleNamespace(method="grpo"), cut_by_design=False)
     line = capsys.readouterr().out
     assert "50% of the held-out samples reach the 32-token limit" in line and "get_soft_overlong_punishment" in line
     check_cut(SimpleNamespace(cut_share=CUT_SHARE - 0.01, max_new_tokens=32), SimpleNamespace(method="grpo"), False)
-    check_cut(cut, SimpleNamespace(method="dpo"), cut_by_design=False)
     check_cut(cut, SimpleNamespace(method="grpo"), cut_by_design=True)
     assert capsys.readouterr().out == ""
 
@@ -753,8 +752,8 @@ def test_solved_prompts_are_told_from_failing_ones_and_an_all_solved_task_is_sai
     every held-out prompt is solved is refused with "already solved", not told to give the model a start."""
     from types import SimpleNamespace
 
+    from minirope.posttraining.grpo import check_signal
     from minirope.posttraining.measures import solved_share
-    from minirope.posttraining.setup import check_signal
 
     values = {"exact": [[1.0, 1.0], [0.0, 0.0], [1.0, 0.0]], "format": [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]}
     assert solved_share(values, None) == 1 / 3 and solved_share(values, [2.0, 0.0]) == 1 / 3
@@ -839,18 +838,13 @@ def test_the_nothing_gained_line_suggests_only_flags_its_method_has(tiny_pretrai
 
 
 def test_a_released_size_model_gets_defaults_sized_for_it_and_a_given_flag_wins(tiny_pretrained, tmp_path):
-    """A config of 40M parameters (no weights needed: counted on the meta device) gets `sizing.LARGER_MODEL`'s
-    defaults; a flag on the command line, or in the --config file, wins; minirope's own tiny model keeps the methods'
-    defaults."""
+    """A config of 40M parameters (no weights needed: counted on the meta device) gets the defaults of the recipe
+    `recipes/released_size.yaml`; a flag on the command line, or in the --config file, wins; minirope's own tiny model
+    keeps the methods' defaults."""
     from minirope import MiniRopeConfig
-    from minirope.posttraining.sizing import (
-        AFTER_WARM_START,
-        CHECKPOINTING,
-        LARGER_LORA,
-        LARGER_MODEL,
-        after_warm_start,
-        count_parameters,
-    )
+    from minirope.posttraining.sizing import CHECKPOINTING, after_warm_start, count_parameters, released_size_recipe
+
+    recipe = released_size_recipe()
 
     shape = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 8,
              "num_attention_heads": 8, "num_key_value_heads": 4}  # fmt: skip
@@ -859,14 +853,17 @@ def test_a_released_size_model_gets_defaults_sized_for_it_and_a_given_flag_wins(
         llama = LlamaForCausalLM(LlamaConfig(**shape))
     assert count_parameters(str(tmp_path / "big")) == llama.num_parameters() > 20e6
     args, config, _ = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--max_steps", "7"])
-    assert config.max_steps == 7 and config.num_generations == LARGER_MODEL["grpo"]["num_generations"]
-    assert args.eval_prompts == LARGER_MODEL["all"]["eval_prompts"] and "max_steps" not in args.sized
-    assert args.eval_sampled_prompts == LARGER_MODEL["all"]["eval_sampled_prompts"] < args.eval_prompts
+    assert config.max_steps == 7 and config.num_generations == recipe["grpo"]["num_generations"] == 8
+    assert args.eval_prompts == recipe["every_method"]["eval_prompts"] == 64 and "max_steps" not in args.sized
+    assert args.eval_sampled_prompts == recipe["every_method"]["eval_sampled_prompts"] < args.eval_prompts
     assert getattr(config, CHECKPOINTING) is True  # memory: the activations of a released model's steps recomputed
     assert config.learning_rate == 1e-4  # full weights: the data default
     args, config, model_args = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--use_peft"])
-    assert model_args.use_peft and config.learning_rate == LARGER_LORA["grpo"]["learning_rate"] != 1e-4
-    assert after_warm_start(args, config) == AFTER_WARM_START["grpo"] and config.learning_rate == 1e-4
+    assert model_args.use_peft and config.learning_rate == recipe["grpo_use_peft"]["learning_rate"] == 5e-4
+    assert (
+        after_warm_start(args, config) == recipe["grpo_after_warm_start"] == {"learning_rate": 1e-4}
+        and config.learning_rate == 1e-4
+    )
     args, config, _ = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--use_peft",
                                   "--learning_rate", "3e-4"])  # fmt: skip
     assert after_warm_start(args, config) == {} and config.learning_rate == 3e-4  # the user's flag stays
@@ -881,7 +878,7 @@ def test_a_released_size_model_gets_defaults_sized_for_it_and_a_given_flag_wins(
     (tmp_path / "run.yaml").write_text("num_generations: 4\n")
     _, config, _ = parse_args(["--model", str(tmp_path / "big"), "--dataset_name", "d", "--config",
                                str(tmp_path / "run.yaml")])  # fmt: skip
-    assert config.num_generations == 4 and config.max_steps == LARGER_MODEL["grpo"]["max_steps"]
+    assert config.num_generations == 4 and config.max_steps == recipe["grpo"]["max_steps"] == 20
     big = str(tmp_path / "big")
     _, config, _ = parse_args(["--method", "distill", "--model", big, "--teacher_model_name_or_path", big])
     assert (config.max_steps, config.max_completion_length) == (20, 32) != (200, 64)  # the method's own: 200, 64

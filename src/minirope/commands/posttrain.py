@@ -20,18 +20,17 @@ completions and, where there is validation text, its bits per byte; they go to t
 (`run_summary.json`) and its model card.
 """
 
+import importlib
 import importlib.util
 
-from transformers import set_seed
-
 from minirope.commands import run_cli
-from minirope.output.folder import begin_writing
 from minirope.training.heap import trimmed_training
-from minirope.training.precision import avoid_cudnn_attention, precision_name
+from minirope.training.precision import precision_name
 
 
 def run(argv: list[str] | None = None) -> dict:
-    """Parse `argv`, post-train, save, and return the summary (the measures before and after, the kept step).
+    """Parse `argv` (TRL's `TrlParser`: `posttraining.parsing`), then run the method's script (`posttraining.grpo`,
+    `.dpo`, `.distill`: check, measure, train, keep, write); the summary (the measures before and after, the kept step).
 
     Raises:
         ValueError, OSError: bad flags, model or teacher folder, rewards or data; nothing is written.
@@ -44,55 +43,9 @@ def run(argv: list[str] | None = None) -> dict:
     split = TimeSplit()
     args, config, model_args = parse_args(argv)
     print(f"[minirope] {config.precision_line or f'precision: {precision_name(config)} (--bf16/--fp16 given)'}")
+    script = importlib.import_module(f"minirope.posttraining.{args.method}")  # grpo, dpo or distill
     with trimmed_training(config.device.type == "cpu", args.heap_trim_seconds):
-        return post_train(args, config, model_args, split)
-
-
-def post_train(args, config, model_args, split) -> dict:
-    """`run`'s work once the flags are parsed: load, measure, warm start, train, keep, measure, write."""
-    from minirope.posttraining.pairs import own_preference_pairs
-    from minirope.posttraining.report import write_run
-    from minirope.posttraining.setup import (
-        build_trainer,
-        check_cut,
-        check_signal,
-        final_weights,
-        keep_best_callback,
-        measure,
-        prepare,
-        warm_up,
-    )
-    from minirope.posttraining.warm_start import finish_warm_start
-
-    set_seed(config.seed)
-    avoid_cudnn_attention(config)  # padded batches
-    with split.part("loading"):
-        setup = prepare(args, config, model_args)
-    with split.part("measures"):
-        before = measure(setup, args, config)
-    keep = keep_best_callback(setup, args, config, before, split)
-    if setup.warm:  # it writes the warm-started model into the folder
-        begin_writing(config.output_dir, "minirope-posttrain", resuming=setup.resume is not None)
-    warm_up(setup, args, config, before, keep, split)
-    starting = setup.warm.measured if setup.warm else before  # the measures of what the method starts from
-    check_signal(starting, args, warm_started=bool(setup.warm))
-    check_cut(starting, args, setup.data.cut_by_design)
-    begin_writing(config.output_dir, "minirope-posttrain", resuming=setup.resume is not None)
-    train = setup.data.train if setup.data.train is not None else own_preference_pairs(setup, args, config)
-    start_weights = (  # kept only to interpolate with
-        {name: param.detach().clone() for name, param in setup.model.named_parameters()}
-        if args.weight_interpolation < 1
-        else {}
-    )
-    trainer = build_trainer(setup, args, config, train, keep)
-    with split.part("method"):
-        train_metrics = trainer.train(resume_from_checkpoint=setup.resume).metrics
-    selection = final_weights(trainer, keep, setup, args, start_weights)
-    with split.part("measures"):
-        after = measure(setup, args, config)
-    summary = write_run(trainer, setup, args, before, after, train_metrics, selection, split)
-    finish_warm_start(config.output_dir)
-    return summary
+        return script.post_train(args, config, model_args, split)
 
 
 def main() -> None:

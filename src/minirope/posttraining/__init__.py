@@ -1,24 +1,29 @@
 """Post-training: TRL's trainers (GRPO, DPO, distillation) on a minirope model, for the user's task.
 
-`minirope-posttrain` (`minirope.commands.posttrain`) is a thin verb over this room; each piece has its module:
+`minirope-posttrain` (`minirope.commands.posttrain`) parses the flags and runs the method's script, each read top to
+bottom as TRL's `trl/scripts/*.py` are: `grpo`, `dpo`, `distill`. The pieces they share have a module each:
 
     arguments   the command's flags in TRL's script shape: `PosttrainArguments` (TRL's `ScriptArguments` and the
                 task: the method, rewards, corpus term, measures), each method's TRL config with the defaults
                 measured for a CPU, `PosttrainModelConfig` (TRL's `ModelConfig`: dtype, attention, LoRA)
-    setup       a run's parts checked before any work (`prepare`), the method's TRL trainer (`build_trainer`,
-                with LoRA), the weights kept after it (`final_weights`: best, merged, interpolated)
+    setup       the steps every script takes: a run's parts checked before any work (`prepare`), the measures
+                before and the warm start (`start`), what every TRL trainer takes (`trainer_inputs`, with LoRA),
+                training and the weights kept after it (`finish`, `final_weights`: best, merged, interpolated)
+    trainers    minirope's TRL trainers: the corpus term (`CorpusTerm`) and a LoRA model's rollouts on its merged
+                adapter (`MergedRollouts`) mixed into TRL's GRPO, DPO, distillation and SFT trainers
     data        the training rows and the held-out prompts: a `datasets` folder or Hub id and its splits, files,
                 as a `Task`; TRL's standard formats
     reward_calls  rewards by name or import path, called as TRL calls them (prompts, completions, completion ids and
                 the dataset's columns), checked before training; DPO's pairs from the model's own samples ranked by
                 the rewards' sum
-    corpus      the language-modelling term on the user's pretraining text (ptx), mixed into TRL's updates, and
-                the interpolation of the tuned weights with the starting ones (WiSE-FT)
+    corpus      the language-modelling term's text (ptx), handed to the trainers, and the interpolation of the
+                tuned weights with the starting ones (WiSE-FT)
     pairs       dpo without preference data: pairs from the model's own samples, written for the user
     warm_start  supervised fine-tuning (TRL's SFTTrainer) on demonstrations of the task before the method, with
                 the corpus term, or by itself on the rows' answers when the samples all score alike; the
                 warm-started model the method's reference
-    sizing      the defaults for a model of a released checkpoint's size (fewer, smaller steps and measures)
+    sizing      the defaults for a model of a released checkpoint's size (fewer, smaller steps and measures),
+                read from the recipe `recipes/released_size.yaml`
     measures    what a run bought and cost, before and after: each reward on the held-out prompts (greedy and
                 sampled), the share of distinct completions, bits per byte on the validation text
     rollouts    a LoRA model samples on its merged adapter (GRPO's rollouts, the measures): the base model's cost

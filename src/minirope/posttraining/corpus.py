@@ -6,12 +6,8 @@
   when the model's own run says it was trained on them (`trained_on`), otherwise the term is off. The run says which.
 - `--weight_interpolation a`: the saved weights are `start + a * (tuned - start)` (WiSE-FT, Wortsman et al. 2022).
 
-TRL offers no hook for an auxiliary loss (its `aux_loss` is a mixture-of-experts router's), so `CorpusTerm` adds
-its own backward pass after the host trainer's `training_step`, divided by the gradient-accumulation steps of the
-optimizer step: the term's gradient is the mean over the step's micro-batches, whatever the host does with its own
-loss (TRL 1.16's GRPO and distillation scale theirs inside `compute_loss`, DPO leaves it to the Trainer).
-`tests/test_posttrain.py` checks that accumulation 1 and 2 give the same update. The blocks come shuffled, from a
-data loader prepared by the trainer's accelerator (each process its share); `lm_loss` is logged with TRL's metrics.
+The term's loss is taken by the trainers' `CorpusTerm` (`minirope.posttraining.trainers`); here are its text
+(`corpus_of`, in blocks: `Corpus.blocks`), the hand-over to a trainer (`add_corpus`) and the interpolation.
 """
 
 import json
@@ -21,17 +17,13 @@ from pathlib import Path
 
 import torch
 from huggingface_hub import ModelCard
-from torch.utils.data import DataLoader
-from trl import DistillationTrainer, DPOTrainer, GRPOTrainer
 
 from minirope.data.blocks import default_block_size
 from minirope.data.bundled import BUNDLED_CORPUS, bundled_shards
 from minirope.data.documents import Shard
 from minirope.data.pipeline import TextDataArguments, data_description, training_blocks
 from minirope.data.sources import dataset_shards, file_shards
-from minirope.output.folder import OwnFolder
 from minirope.posttraining.arguments import LM_COEF, SFT_LM_COEF, PosttrainArguments
-from minirope.posttraining.rollouts import MergedRollouts
 
 
 def trained_on(model_path: str) -> str | None:
@@ -121,54 +113,6 @@ def check_corpus_term(corpus: Corpus, config) -> None:
             f"after TRL's step, which DeepSpeed does not take: pass --lm_coef 0 --sft_lm_coef 0 under DeepSpeed, or "
             f"train without it."
         )
-
-
-class CorpusTerm:
-    """A TRL trainer mixin: after the host's `training_step`, a backward pass of `lm_coef` times the mean
-    language-modelling loss of a batch of corpus blocks, divided by the step's gradient-accumulation count."""
-
-    corpus_batches = None
-
-    def set_corpus(self, blocks: torch.Tensor, lm_coef: float, lm_batch_size: int, seed: int) -> None:
-        """Mix `blocks` (`(N, T)` int64) into each update with weight `lm_coef`, `lm_batch_size` blocks a micro-batch,
-        reshuffled every pass (seeded)."""
-        generator = torch.Generator().manual_seed(seed)
-        loader = DataLoader(blocks, batch_size=lm_batch_size, shuffle=True, drop_last=True, generator=generator)
-        self.lm_coef, self.corpus_loader = lm_coef, self.accelerator.prepare_data_loader(loader)
-        self.corpus_batches = self.next_batches()
-
-    def next_batches(self):
-        while True:
-            yield from self.corpus_loader
-
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        loss = super().training_step(model, inputs, num_items_in_batch)
-        if self.corpus_batches is None:
-            return loss
-        batch = next(self.corpus_batches)
-        with self.compute_loss_context_manager():
-            lm_loss = model(input_ids=batch, labels=batch).loss
-        self.accelerator.backward(self.lm_coef * lm_loss / self.current_gradient_accumulation_steps)
-        # every process's loss (gather_for_metrics would drop some as the last batch of an evaluation)
-        self._metrics["train"]["lm_loss"].append(self.accelerator.gather(lm_loss.detach()).mean().item())
-        return loss
-
-
-class MiniRopeGRPOTrainer(OwnFolder, CorpusTerm, MergedRollouts, GRPOTrainer):
-    """TRL's `GRPOTrainer`, with the corpus term of `CorpusTerm`, a LoRA model's rollouts on its merged adapter
-    (`MergedRollouts`) and minirope's model card."""
-
-
-class MiniRopeDPOTrainer(OwnFolder, CorpusTerm, DPOTrainer):
-    """TRL's `DPOTrainer`, with the corpus term of `CorpusTerm` and minirope's model card."""
-
-
-class MiniRopeDistillationTrainer(OwnFolder, CorpusTerm, MergedRollouts, DistillationTrainer):
-    """TRL's `DistillationTrainer`, with the corpus term of `CorpusTerm`, a LoRA student's completions on its merged
-    adapter (`MergedRollouts`) and minirope's model card."""
-
-
-TRAINERS = {"grpo": MiniRopeGRPOTrainer, "dpo": MiniRopeDPOTrainer, "distill": MiniRopeDistillationTrainer}
 
 
 def add_corpus(trainer, corpus: Corpus, coef: float, args: PosttrainArguments, seed: int) -> None:

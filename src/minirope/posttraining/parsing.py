@@ -122,8 +122,8 @@ def arguments_file(argv: list[str]) -> dict:
 def parse_args(argv: list[str] | None = None) -> tuple:
     """`(PosttrainArguments, the method's TRL config, PosttrainModelConfig)`, TRL's script order, from `argv` (default:
     the command line; a first word `grpo`, `dpo` or `distill` is `--method`'s): TRL's `TrlParser` with `--config
-    file.yaml` (the command line wins over the file), or a single JSON arguments file. The config's class is the method's (`CONFIGS`); the task's recipe and the sized
-    defaults are the parser's defaults (`recipe`, `sizing`).
+    file.yaml` (the command line wins over the file), or a single JSON arguments file. The config's class is the
+    method's (`CONFIGS`); the task's recipe and the sized defaults are the parser's defaults (`recipe`, `sizing`).
 
     Raises:
         ValueError: an unknown method, a flag outside its range, or a missing or bad arguments file.

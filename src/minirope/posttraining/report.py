@@ -66,6 +66,8 @@ def run_summary(trainer, setup, args, before, after, train_metrics: dict, select
         "data": setup.data.source,
         "task": setup.data.name,
         "recipe": {"path": args.recipe_path, "values": args.recipe} if args.recipe_path else None,
+        "sized_defaults": args.sized,
+        "stages": setup.stages,
         "training_data": setup.corpus.trained_on,
         "teacher": getattr(config, "teacher_model_name_or_path", None),
         "reward_funcs": [reward_name(reward) for reward in setup.rewards],

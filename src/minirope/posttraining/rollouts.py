@@ -75,15 +75,3 @@ def merged_adapter(model):
         yield model
     finally:
         model.unmerge_adapter()
-
-
-class MergedRollouts:
-    """A mixin for TRL's `GRPOTrainer` and `DistillationTrainer`: each batch of completions generated with the adapter
-    merged (`merged_adapter`: with `--lora_dropout 0`), where TRL generates them with transformers (not with vLLM,
-    which merges by itself)."""
-
-    def _generate_single_turn(self, *args, **kwargs):
-        if self.use_vllm:
-            return super()._generate_single_turn(*args, **kwargs)
-        with merged_adapter(self.model):
-            return super()._generate_single_turn(*args, **kwargs)

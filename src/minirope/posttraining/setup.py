@@ -1,29 +1,28 @@
-"""A post-training run's parts, checked before any work and put together: `prepare` (the model, teacher, rewards,
-data, corpus term and warm start), `build_trainer` (the method's TRL trainer, with LoRA, the corpus term and
-`KeepBest`), `final_weights` (the kept, merged, interpolated weights) and `measure`."""
+"""The steps every method's script takes (`grpo`, `dpo`, `distill`): `start` (every check before any work in
+`prepare`: the model, teacher, rewards, task, corpus term; the measures before; the warm start), `trainer_inputs` and
+`attach` (what every TRL trainer takes, and the corpus term and `KeepBest` on it), and `finish` (train, the kept,
+merged, interpolated weights in `final_weights`, the measures after, the folder)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from transformers import set_seed
 
 from minirope.folders import ModelArguments, check_output, load_causal_lm
-from minirope.output.folder import check_previous_run, claim
+from minirope.output.folder import begin_writing, check_previous_run, claim
 from minirope.output.hub import check_push
-from minirope.posttraining.corpus import (
-    TRAINERS,
-    add_corpus,
-    check_corpus_term,
-    corpus_of,
-    interpolate_weights,
-)
+from minirope.posttraining.corpus import add_corpus, check_corpus_term, corpus_of, interpolate_weights
 from minirope.posttraining.data import check_chat_template, data_task
 from minirope.posttraining.keep_best import KeepBest, Selection, held_out_score, weighted_sum
-from minirope.posttraining.measures import SAMPLING, SIGNAL_SAMPLES, measure_task, sample
+from minirope.posttraining.measures import SAMPLING, measure_task, sample
+from minirope.posttraining.report import write_run
 from minirope.posttraining.reward_calls import check_rewards, resolve_reward
-from minirope.posttraining.sizing import after_warm_start
+from minirope.posttraining.sizing import RECIPE, after_warm_start
 from minirope.posttraining.tasks import Task, load_task
 from minirope.posttraining.time_split import TimeSplit
 from minirope.posttraining.warm_start import (
     answer_warm_start,
     demonstrations,
+    finish_warm_start,
     kept_folder,
     load_warm_started,
     save_warm_measures,
@@ -31,15 +30,14 @@ from minirope.posttraining.warm_start import (
     warm_start,
 )
 from minirope.training.checkpoints import check_resume, resolve_resume, resume_requested
-
-CUT_SHARE = 0.25  # of the held-out samples cut at the token limit: from here `check_cut` warns of a gameable reward
+from minirope.training.precision import avoid_cudnn_attention
 
 
 @dataclass
 class Setup:
     """What a run trains: the model and its tokenizer, the teacher (distill), the rewards, the task (`Task`), the
-    corpus term (`Corpus`), the warm start (`WarmStart`; None: none), the checkpoint to resume and the model's
-    flags (`PosttrainModelConfig`)."""
+    corpus term (`Corpus`), the warm start (`WarmStart`; None: none), the checkpoint to resume, the model's flags
+    (`PosttrainModelConfig`) and the weights the method starts from, kept where `--weight_interpolation` needs them."""
 
     model: object
     tokenizer: object
@@ -50,6 +48,26 @@ class Setup:
     warm: object = None
     resume: str | None = None
     model_args: object = None
+    start_weights: dict = field(default_factory=dict)
+    stages: dict = field(default_factory=dict)  # the values a stage of the run set, by stage (`after_warm_start`)
+
+
+def start(args, config, model_args, split: TimeSplit) -> tuple[Setup, object, KeepBest | None]:
+    """A method's first steps: every check (`prepare`), the measures before (`measure`), the `KeepBest` callback, the
+    warm start where the run takes one (`warm_up`); `(run, the measures before, the callback)`."""
+    set_seed(config.seed)
+    avoid_cudnn_attention(config)  # padded batches
+    with split.part("loading"):
+        run = prepare(args, config, model_args)
+    with split.part("measures"):
+        before = measure(run, args, config)
+    keep = keep_best_callback(run, args, config, before, split)
+    if run.warm:  # it writes the warm-started model into the folder
+        begin_writing(config.output_dir, "minirope-posttrain", resuming=run.resume is not None)
+    warm_up(run, args, config, before, keep, split)
+    if args.weight_interpolation < 1:  # kept only to interpolate with
+        run.start_weights = {name: param.detach().clone() for name, param in run.model.named_parameters()}
+    return run, before, keep
 
 
 def prepare(args, config, model_args) -> Setup:
@@ -156,61 +174,6 @@ def measure(setup: Setup, args, config):
     return measured
 
 
-def check_signal(measured, args, warm_started: bool = False) -> None:
-    """GRPO's advantage is a completion's reward against the other completions of its prompt: a group whose
-    completions all score alike teaches nothing (TRL's `frac_reward_zero_std`). From the measures just taken
-    (`TaskMeasure.alike_share`, the `--eval_samples_per_prompt` samples of each held-out prompt, when there are at
-    least `SIGNAL_SAMPLES`), print the share of such prompts when at least half are, before any GRPO step.
-
-    Prompts whose samples all score full credit are solved, not failing (`TaskMeasure.solved_share`): when every
-    held-out prompt is, the run says the task is already solved there.
-
-    Raises:
-        ValueError: every held-out prompt's samples score alike (unless `--require_reward_spread False`, or after a
-            warm start, whose model is not to be lost), naming the flags that give the run something to learn from,
-            or saying that the model already solves every held-out prompt.
-    """
-    share = measured.alike_share
-    if args.method != "grpo" or share is None or args.eval_samples_per_prompt < SIGNAL_SAMPLES:
-        return
-    if share == 1 and measured.solved_share == 1 and args.require_reward_spread and not warm_started:
-        raise ValueError(
-            f"already solved on the held-out prompts: every sample of each of the {measured.sampled_prompts} prompts "
-            f"sampled scores full credit ({args.eval_samples_per_prompt} samples each), so GRPO has nothing to learn "
-            f"and nothing to gain by these rewards; give harder prompts or a stricter reward (--require_reward_spread "
-            f"False trains anyway). Nothing was written."
-        )
-    if share == 1 and args.require_reward_spread and not warm_started:
-        raise ValueError(
-            f"GRPO would have nothing to learn from: every held-out prompt's {args.eval_samples_per_prompt} sampled "
-            f"completions score alike by the rewards ({measured.sampled_prompts} prompts sampled; GRPO learns from the "
-            f"differences within a prompt's group), so no step would change the model. Give the model a start on the "
-            f"task (a `solution` column in the rows, or --sft_train_file with prompt/completion rows of answers and "
-            f"--sft_steps N), a reward with partial "
-            f"credit, or more --num_generations and a higher --temperature; --require_reward_spread False trains "
-            f"anyway. Nothing was written."
-        )
-    if share >= 0.5:
-        solved = f" ({measured.solved_share:.0%} solved: every sample right)" if measured.solved_share else ""
-        print(f"[minirope] {share:.0%} of the held-out prompts' samples all score alike{solved}: GRPO learns only from "
-              f"the other prompts' groups (TRL logs the share of such groups as frac_reward_zero_std)")  # fmt: skip
-
-
-def check_cut(measured, args, cut_by_design: bool) -> None:
-    """Print a line when at least `CUT_SHARE` of the held-out samples reach the token limit unfinished
-    (`TaskMeasure.cut_share`), for GRPO on a user's task: a reward that reads a cut reply (its last number, say) can
-    be gamed by replies that never end. On docs/pretrained.md's largest-of-three task, SmolLM2's samples were half cut
-    at 32 tokens, and GRPO learned to restate the question at length (0 % on other problems) until TRL's overlong
-    punishment (DAPO, Eq. 13) joined the rewards. A task may cut its completions by design (`Task.cut_by_design`)."""
-    share = measured.cut_share
-    if args.method != "grpo" or cut_by_design or share is None or share < CUT_SHARE:
-        return
-    print(f"[minirope] {share:.0%} of the held-out samples reach the {measured.max_new_tokens}-token limit "
-          f"unfinished: a reward that reads a cut reply can be gamed by replies that never end; TRL's overlong "
-          f"punishment as a second reward (trl.rewards.get_soft_overlong_punishment, docs/pretrained.md) or a larger "
-          f"--max_completion_length guards against it")  # fmt: skip
-
-
 def held_out_value(measures, config) -> float:
     """The score `KeepBest` compares: the greedy means of `measures` (`measure`'s), weighted by `--reward_weights`."""
     return weighted_sum(measures.greedy, getattr(config, "reward_weights", None))  # distill has no weights
@@ -264,33 +227,44 @@ def warm_up(setup: Setup, args, config, before, keep: KeepBest | None, split: Ti
             held_out_value(setup.warm.measured, config), None if setup.model_args.use_peft else setup.model
         )
     if changes := after_warm_start(args, config):
+        setup.stages["after_warm_start"] = changes
         flags = " ".join(f"--{name} {value}" for name, value in changes.items())
-        print(f"[minirope] after the warm start: {flags} (minirope.posttraining.sizing.AFTER_WARM_START)")
+        print(f"[minirope] after the warm start: {flags} (the stage after_warm_start of {RECIPE})")
 
 
-def build_trainer(setup: Setup, args, config, train, keep: KeepBest | None):
-    """The method's TRL trainer (`TRAINERS`: with minirope's corpus term and model card) on `train`, with a LoRA
-    adapter under `--use_peft` (TRL's `get_peft_config`) and the `keep` callback. With `--model_revision`, the
-    reference model TRL loads again from the model's id (DPO, GRPO with a KL term; it takes the model's dtype and
-    attention itself) is loaded at that revision; after a warm start it is the warm-started folder's."""
+def trainer_inputs(run: Setup, config, train) -> dict:
+    """The keyword arguments every method's TRL trainer takes: the model, `config`, the `train` rows, the tokenizer and
+    a LoRA adapter under `--use_peft` (TRL's `get_peft_config`). With `--model_revision`, the reference model TRL loads
+    again from the model's id (DPO, GRPO with a KL term; it takes the model's dtype and attention itself) is loaded at
+    that revision; after a warm start it is the warm-started folder's."""
     from trl import get_peft_config
 
-    revision = setup.model_args.model_revision
-    if revision != "main" and not setup.warm:
+    revision = run.model_args.model_revision
+    if revision != "main" and not run.warm:
         config.model_init_kwargs = {**(config.model_init_kwargs or {}), "revision": revision}
-    method_kwargs = {"grpo": {"reward_funcs": setup.rewards}, "distill": {"teacher_model": setup.teacher}}
-    trainer = TRAINERS[args.method](
-        model=setup.model,
-        args=config,
-        train_dataset=train,
-        processing_class=setup.tokenizer,
-        peft_config=get_peft_config(setup.model_args),
-        **method_kwargs.get(args.method, {}),
-    )
-    add_corpus(trainer, setup.corpus, setup.corpus.coef, args, config.seed)
+    return {"model": run.model, "args": config, "train_dataset": train, "processing_class": run.tokenizer,
+            "peft_config": get_peft_config(run.model_args)}  # fmt: skip
+
+
+def attach(trainer, run: Setup, args, keep: KeepBest | None):
+    """`trainer` with the run's corpus term (`add_corpus`) and the `keep` callback."""
+    add_corpus(trainer, run.corpus, run.corpus.coef, args, trainer.args.seed)
     if keep is not None:
         trainer.add_callback(keep)
     return trainer
+
+
+def finish(trainer, run: Setup, args, before, keep: KeepBest | None, split: TimeSplit) -> dict:
+    """A method's last steps: train (resuming `run.resume`), keep the best weights (`final_weights`), measure them,
+    write the folder (`report.write_run`); the run summary."""
+    with split.part("method"):
+        train_metrics = trainer.train(resume_from_checkpoint=run.resume).metrics
+    selection = final_weights(trainer, keep, run, args, run.start_weights)
+    with split.part("measures"):
+        after = measure(run, args, trainer.args)
+    summary = write_run(trainer, run, args, before, after, train_metrics, selection, split)
+    finish_warm_start(trainer.args.output_dir)
+    return summary
 
 
 def starting_model(setup: Setup, trust_remote_code: bool):

@@ -7,7 +7,7 @@ demonstrations (`Task.demonstrations`; the verse task's: text its reward pays fo
 method starts from a model that already writes more of it without the narrowing a reward alone brings,
 docs/verse_history.md). Text rows are packed into blocks
 of the model's context ("wrapped"), as `minirope-finetune` packs plain text. The run's corpus term
-(`corpus.CorpusTerm`, on `--lm_coef`'s text) takes part in every warm-start update too, weighted `--sft_lm_coef`
+(`trainers.CorpusTerm`, on `--lm_coef`'s text) takes part in every warm-start update too, weighted `--sft_lm_coef`
 (0.5 by default), so that demonstrations narrower than the pretraining text cost less of it (measured in
 docs/verse_history.md: less than half the drift in bits per byte: +0.016 against +0.037).
 
@@ -38,7 +38,7 @@ from pathlib import Path
 
 from accelerate import PartialState
 from datasets import Dataset
-from trl import SFTConfig, SFTTrainer, get_peft_config
+from trl import SFTConfig, get_peft_config
 from trl.data_utils import is_conversational
 
 from minirope import owned
@@ -46,10 +46,11 @@ from minirope.data.blocks import default_block_size
 from minirope.data.documents import expand_files, read_utf8
 from minirope.folders import ModelArguments, load_causal_lm
 from minirope.output.folder import checkpoint_folders
-from minirope.posttraining.corpus import CorpusTerm, add_corpus
+from minirope.posttraining.corpus import add_corpus
 from minirope.posttraining.data import read_files
 from minirope.posttraining.measures import RUN_STATE, SIGNAL_SAMPLES, TaskMeasure
 from minirope.posttraining.sizing import ANSWER_STEPS, larger, sft_learning_rate
+from minirope.posttraining.trainers import MiniRopeSFTTrainer
 
 SFT_FORMATS = ({"text"}, {"prompt", "completion"}, {"messages"})  # TRL's SFT formats, by their columns
 ANSWER_COLUMNS = ("completion", "solution")  # a row's answer, by preference
@@ -66,10 +67,6 @@ class WarmStart:
     source: str
     steps: int
     measured: object = None
-
-
-class MiniRopeSFTTrainer(CorpusTerm, SFTTrainer):
-    """TRL's `SFTTrainer`, with the corpus term of `CorpusTerm`."""
 
 
 def demonstrations(args, task) -> WarmStart:
