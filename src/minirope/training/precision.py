@@ -52,22 +52,19 @@ def bf16_speedup(device: torch.device) -> float | None:
 def choose_bf16(device: torch.device, cpu_float32: str | None = None) -> tuple[bool, str]:
     """The default precision on `device`, and the line that says why.
 
-    On CUDA, bf16 where the GPU supports it; on other accelerators float32; on a CPU, bf16 where its products run at
-    least `BF16_MARGIN` times faster than float32's (`bf16_speedup`), else float32. `cpu_float32`: a measured reason
-    to train in float32 on a CPU whatever its products measure (post-training: `POSTTRAINING_FLOAT32`); the line
-    then gives the products' figure and that reason.
+    On CUDA, bf16 where the GPU supports it; on other accelerators float32; on a CPU, bf16 where its matrix
+    multiplications run at least `BF16_MARGIN` times faster than float32's (`bf16_speedup`), else float32.
+    `cpu_float32`: a measured reason to train in float32 on a CPU whatever its matmuls would measure (post-training:
+    `POSTTRAINING_FLOAT32`): nothing is timed, and the line gives that reason.
     """
     if device.type == "cuda":
         supported = torch.cuda.is_bf16_supported()
         return supported, f"precision: {'bf16' if supported else 'float32'} (bf16 supported by this GPU: {supported})"
+    if cpu_float32 and device.type == "cpu":  # the answer is fixed: nothing to time
+        return False, f"precision: float32 on a CPU ({cpu_float32}; --bf16 True decides instead)"
     speedup = bf16_speedup(device)
     if speedup is None:
         return False, f"precision: float32 (the default on {device.type})"
-    if cpu_float32:
-        return False, (
-            f"precision: float32 (bf16 products {speedup:.2g}x float32's on this CPU, but {cpu_float32}; --bf16 True "
-            f"decides instead)"
-        )
     bf16 = speedup >= BF16_MARGIN
     return bf16, (
         f"precision: {'bf16' if bf16 else 'float32'} (bf16 products {speedup:.2g}x float32's on this CPU; bf16 from "
