@@ -126,6 +126,8 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
     assert written["reward_funcs"] == ["meter_reward", "word_variety_reward"]  # the verse task's defaults
     assert written["task"] == "verse" and written["recipe"]["path"].endswith("verse/grpo.yaml")
     assert written["recipe"]["values"]["learning_rate"] == 6e-4 and "beta" not in written["recipe"]["values"]
+    assert written["settings"]["learning_rate"] == {"value": 6e-4, "source": "recipe"}
+    assert written["settings"]["beta"] == {"value": 0.04, "source": "command line"}
     assert written["reward_weights"] == [1.0, 1.5] and written["beta"] == 0.04  # its weights; the flag given
     for side in ("before", "after"):
         assert written[side]["lines"] > 0 and 0 <= written[side]["scan_share"] <= 1

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from minirope.posttraining.parsing import parse_args  # noqa: E402
+from minirope.posttraining.parsing import parse_args, settings  # noqa: E402
 from minirope.posttraining.setup import prepare  # noqa: E402
 from minirope.posttraining.tasks.verse import rewards as verse_rewards  # noqa: E402
 
@@ -53,6 +53,13 @@ def test_a_task_of_the_users_by_import_path_brings_its_rows_rewards_and_recipe(
     printed = capsys.readouterr().out
     assert f"task my_tasks.sums: defaults from its recipe {package / 'grpo.yaml'}" in printed
     assert "--learning_rate 0.0003" in printed and "task: sums, twelve sums" in printed
+    (tmp_path / "run.yaml").write_text("temperature: 0.7\n")
+    found = settings(*parse_args([*argv, "--config", str(tmp_path / "run.yaml"), "--model_revision", "v2"]))
+    assert found["learning_rate"] == {"value": 3e-4, "source": "recipe"}  # TRL's default: 1e-6
+    assert found["max_steps"]["source"] == found["model_revision"]["source"] == "command line"
+    assert found["temperature"] == {"value": 0.7, "source": "--config"}
+    assert found["bf16"] == {"value": False, "source": "minirope"}  # float32 on a CPU; TRL's default bf16
+    assert "beta" not in found and not [name for name in found if "token" in name]  # TRL's default, kept
     # the user's data: no recipe, the method's own defaults
     args, config, _ = parse_args(["--model_name_or_path", str(tiny_pretrained), "--train_file", "rows.jsonl"])
     assert (args.task, args.recipe, config.learning_rate, config.max_steps) == (None, {}, 1e-4, 300)

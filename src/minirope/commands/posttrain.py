@@ -22,6 +22,7 @@ completions and, where there is validation text, its bits per byte; they go to t
 
 import importlib
 import importlib.util
+from collections import Counter
 
 from minirope.commands import run_cli
 from minirope.training.heap import trimmed_training
@@ -37,12 +38,15 @@ def run(argv: list[str] | None = None) -> dict:
     """
     if importlib.util.find_spec("trl") is None:
         raise ValueError("minirope-posttrain runs TRL's trainers: install them with `pip install minirope[trl]`.")
-    from minirope.posttraining.parsing import parse_args
+    from minirope.posttraining.parsing import parse_args, settings
     from minirope.posttraining.time_split import TimeSplit
 
     split = TimeSplit()
     args, config, model_args = parse_args(argv)
     print(f"[minirope] {config.precision_line or f'precision: {precision_name(config)} (--bf16/--fp16 given)'}")
+    sources = Counter(item["source"] for item in settings(args, config, model_args).values())
+    print(f"[minirope] flags beside TRL's defaults, by source: {', '.join(f'{n} {s}' for s, n in sources.items())} "
+          f"(each in run_summary.json, `settings`)")  # fmt: skip
     script = importlib.import_module(f"minirope.posttraining.{args.method}")  # grpo, dpo or distill
     with trimmed_training(config.device.type == "cpu", args.heap_trim_seconds):
         return script.post_train(args, config, model_args, split)

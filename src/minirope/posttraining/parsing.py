@@ -6,7 +6,8 @@ order of precedence: the command line, the `--config` file, the defaults sized f
 (`recipe`), then the method's config. The flags themselves are `minirope.posttraining.arguments`'."""
 
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
+from enum import Enum
 from pathlib import Path
 
 from transformers import HfArgumentParser
@@ -154,8 +155,60 @@ def parse_args(argv: list[str] | None = None) -> tuple:
         parser.set_defaults(**defaults)  # the YAML file's values, then the command line's, win
         parsed = parser.parse_args_and_config(args=argv)
     args = parsed[0]
-    args.given, args.task = given, known.task_name
+    args.given, args.task, args.command_line = given, known.task_name, given_flags(argv, {})
     args.sized = {name: value for name, value in sized.items() if name not in given}
     args.recipe = {name: value for name, value in recipe_values.items() if name not in args.sized}
     args.recipe_path = path
     return parsed
+
+
+def trl_base(kind: type) -> type | None:
+    """The TRL class `kind` extends (`ScriptArguments`, `GRPOConfig`, `ModelConfig`, ...), None for none."""
+    return next((base for base in kind.__mro__ if base.__module__.startswith("trl.")), None)
+
+
+def trl_default(base: type | None, name: str):
+    """TRL's default for the flag `name` of `base`; `MISSING` where TRL has no such flag."""
+    item = base.__dataclass_fields__.get(name) if base is not None else None
+    if item is None:
+        return MISSING
+    return item.default_factory() if item.default_factory is not MISSING else item.default
+
+
+def settings(args, config, model_args) -> dict[str, dict]:
+    """Every flag of the run whose value differs from TRL's default for it, or that TRL's scripts lack and the run sets,
+    with its value and where it came from: `command line`, `--config`, `recipe` (the task's), `sized` (for a
+    released-size model), `minirope` (a default minirope sets: `arguments`) or `TRL, from the others` (a value TRL's
+    own config derives). Tokens are left out."""
+    found = {}
+    for parsed in (args, config, model_args):
+        kind, base = type(parsed), trl_base(type(parsed))
+        own = {
+            name for cls in kind.__mro__[: kind.__mro__.index(base)] for name in vars(cls).get("__annotations__", {})
+        }
+        aliases = {alias.lstrip("-").replace("-", "_"): item.name
+                   for item in fields(parsed) for alias in item.metadata.get("aliases", [])}  # fmt: skip
+        named = {aliases.get(name, name) for name in args.command_line}
+        given = {aliases.get(name, name) for name in args.given}
+        for item in fields(parsed):
+            value, default = getattr(parsed, item.name), trl_default(base, item.name)
+            if "token" in item.name or value == default or (default is MISSING and value is None):
+                continue
+            source = ("command line" if item.name in named else "--config" if item.name in given
+                      else "sized" if item.name in args.sized else "recipe" if item.name in args.recipe
+                      else "minirope" if item.name in own else "TRL, from the others")  # fmt: skip
+            found[item.name] = {"value": json_value(value), "source": source}
+    return found
+
+
+def json_value(value):
+    """`value` as JSON holds it: enums by their value, paths and other objects as text."""
+    if isinstance(value, Enum):
+        return value.value
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [json_value(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): json_value(item) for key, item in value.items()}
+    return str(value)

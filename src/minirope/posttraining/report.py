@@ -5,6 +5,7 @@ from minirope.output.card import card_name, licence_of, model_card
 from minirope.output.folder import finish_run
 from minirope.posttraining.keep_best import score_name
 from minirope.posttraining.measures import METRIC, prompt_text
+from minirope.posttraining.parsing import settings
 from minirope.posttraining.reward_calls import reward_name
 from minirope.posttraining.sizing import sft_learning_rate
 from minirope.training.precision import precision_name
@@ -67,6 +68,7 @@ def run_summary(trainer, setup, args, before, after, train_metrics: dict, select
         "task": setup.data.name,
         "recipe": {"path": args.recipe_path, "values": args.recipe} if args.recipe_path else None,
         "sized_defaults": args.sized,
+        "settings": settings(args, config, setup.model_args),
         "stages": setup.stages,
         "training_data": setup.corpus.trained_on,
         "teacher": getattr(config, "teacher_model_name_or_path", None),
