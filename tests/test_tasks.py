@@ -87,7 +87,7 @@ def test_help_shows_the_methods_defaults_not_a_tasks(capsys):
         parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "The initial learning rate for AdamW. (default: 0.0001)" in text  # not the verse recipe's 0.0006
-    assert "--task TASK" in text
+    assert "--task TASK" in text and "recipes/released_size.yaml take their place" in text
 
 
 def test_a_task_is_named_or_refused_in_one_line(tiny_pretrained, tmp_path):

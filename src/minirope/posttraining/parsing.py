@@ -55,6 +55,13 @@ class Preparsed:
         return self.task or (None if self.dataset_name or self.train_file else DEFAULT_TASK)
 
 
+DEFAULTS_HELP = (
+    "Defaults: the ones shown are TRL's, some re-tuned by minirope for the user's data on a CPU. A --task's recipe "
+    "(with no data, the verse task's: minirope/posttraining/tasks/verse/<method>.yaml) and, for a model above 20M "
+    "parameters, minirope/posttraining/recipes/released_size.yaml take their place where no flag or --config sets "
+    "them. A run prints the values it takes from each in its first lines, and its run_summary.json lists every flag "
+    "that differs from TRL's default with its source (`settings`)."
+)
 TOGETHER = {"reward_funcs": ("reward_weights", "rejected_by")}  # a recipe's values that only go with its own rewards
 
 
@@ -151,7 +158,7 @@ def parse_args(argv: list[str] | None = None) -> tuple:
             if unknown:
                 raise ValueError(f"--config {config_path(argv)}: {', '.join(unknown)} is not a flag of "
                                  f"minirope-posttrain --method {known.method} (--help lists them).")  # fmt: skip
-        parser = TrlParser(types)
+        parser = TrlParser(types, epilog=DEFAULTS_HELP)
         parser.set_defaults(**defaults)  # the YAML file's values, then the command line's, win
         parsed = parser.parse_args_and_config(args=argv)
     args = parsed[0]
