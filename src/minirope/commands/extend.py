@@ -29,6 +29,8 @@ and llama3). The types, as transformers' `ROPE_INIT_FUNCTIONS` define them (orig
 import math
 from dataclasses import dataclass, field
 
+from transformers import TrainingArguments
+
 from minirope.commands import run_cli
 from minirope.data.pipeline import TextDataArguments, data_description, training_blocks, validation_windows
 from minirope.data.sources import document_texts, text_sources
@@ -36,7 +38,7 @@ from minirope.folders import ModelArguments, load_causal_lm, load_config
 from minirope.output.card import card_name, licence_of, model_card, optimizer_description
 from minirope.output.folder import begin_writing, check_previous_run, finish_run
 from minirope.rope_scaling import EXTENSIONS, extended_rope
-from minirope.training.arguments import MiniRopeTrainingArguments, start_run
+from minirope.training.arguments import MiniRopeTrainingArguments, retuned, start_run
 from minirope.training.checkpoints import check_resume
 from minirope.training.repeat_test import DISTANCES, repeat_test
 from minirope.training.trainer import MiniRopeTrainer, parallelism
@@ -76,6 +78,11 @@ class ExtendArguments:
 class ExtendDataArguments(TextDataArguments):
     """Data flags; `--block_size` defaults to factor x the trained context."""
 
+    block_size: int | None = field(
+        default=None,
+        metadata={"help": "Tokens per training sequence; default --factor times the model's trained context."},
+    )
+
     repeat_fraction: float = field(
         default=0.0,
         metadata={
@@ -91,18 +98,18 @@ class ExtendingArguments(MiniRopeTrainingArguments):
 
     output_dir: str = field(default="runs/minirope-extended", metadata={"help": "Where the model is written."})
     do_train: bool = field(default=True, metadata={"help": "Fine-tune; False writes the scaled model as it is."})
-    max_steps: int = 150
-    per_device_train_batch_size: int = 4
+    max_steps: int = retuned(TrainingArguments, "max_steps", 150)
+    per_device_train_batch_size: int = retuned(TrainingArguments, "per_device_train_batch_size", 4)
     learning_rate: float = field(
         default=1e-3,
         metadata={"help": "Peak learning rate (3e-4 was 0.05-0.1 bits/byte worse for linear and default scaling)."},
     )
-    weight_decay: float = 0.0
-    warmup_steps: float = 10
-    lr_scheduler_type: str = "cosine"
-    logging_steps: float = 10
-    eval_strategy: str = "no"
-    save_strategy: str = "no"
+    weight_decay: float = retuned(TrainingArguments, "weight_decay", 0.0)
+    warmup_steps: float = retuned(TrainingArguments, "warmup_steps", 10)
+    lr_scheduler_type: str = retuned(TrainingArguments, "lr_scheduler_type", "cosine")
+    logging_steps: float = retuned(TrainingArguments, "logging_steps", 10)
+    eval_strategy: str = retuned(TrainingArguments, "eval_strategy", "no")
+    save_strategy: str = retuned(TrainingArguments, "save_strategy", "no")
 
 
 def evaluate_at(trainer, windows: dict, prefix: str) -> dict[str, float]:

@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass, field
 
 from datasets import DatasetDict
-from transformers import DataCollatorForSeq2Seq, default_data_collator
+from transformers import DataCollatorForSeq2Seq, TrainingArguments, default_data_collator
 
 from minirope.commands import run_cli
 from minirope.data.blocks import default_block_size
@@ -49,7 +49,13 @@ from minirope.data.tokenizer import add_chat_template
 from minirope.folders import ModelArguments, load_causal_lm
 from minirope.output.card import card_name, licence_of, model_card, optimizer_description
 from minirope.output.folder import begin_writing, check_previous_run, finish_run
-from minirope.training.arguments import LORA_TARGETS, MiniRopeTrainingArguments, parse_cli_args, start_run
+from minirope.training.arguments import (
+    LORA_TARGETS,
+    MiniRopeTrainingArguments,
+    parse_cli_args,
+    retuned,
+    start_run,
+)
 from minirope.training.checkpoints import check_resume
 from minirope.training.heap import HEAP_TRIM_HELP, TRIM_INTERVAL_S, trimmed_training
 from minirope.training.metrics import IGNORE_INDEX
@@ -175,17 +181,17 @@ class FinetuningArguments(MiniRopeTrainingArguments):
     """`TrainingArguments` with defaults for a short fine-tune on CPU."""
 
     output_dir: str = field(default="runs/minirope-finetuned", metadata={"help": "Where the model is written."})
-    num_train_epochs: float = 3.0
-    per_device_train_batch_size: int = 16
+    num_train_epochs: float = retuned(TrainingArguments, "num_train_epochs", 3.0)
+    per_device_train_batch_size: int = retuned(TrainingArguments, "per_device_train_batch_size", 16)
     learning_rate: float = field(
         default=3e-4, metadata={"help": "Peak learning rate (full fine-tuning; LoRA takes a higher one, e.g. 2e-3)."}
     )
-    weight_decay: float = 0.0
-    warmup_steps: float = 5
-    eval_strategy: str = "epoch"
-    save_strategy: str = "epoch"
-    save_total_limit: int | None = 1
-    logging_steps: float = 5
+    weight_decay: float = retuned(TrainingArguments, "weight_decay", 0.0)
+    warmup_steps: float = retuned(TrainingArguments, "warmup_steps", 5)
+    eval_strategy: str = retuned(TrainingArguments, "eval_strategy", "epoch")
+    save_strategy: str = retuned(TrainingArguments, "save_strategy", "epoch")
+    save_total_limit: int | None = retuned(TrainingArguments, "save_total_limit", 1)
+    logging_steps: float = retuned(TrainingArguments, "logging_steps", 5)
     heap_trim_seconds: float = field(default=TRIM_INTERVAL_S, metadata={"help": HEAP_TRIM_HELP})
 
     def __post_init__(self) -> None:

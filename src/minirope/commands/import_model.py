@@ -86,7 +86,8 @@ def parse_args(argv: list[str] | None) -> ImportArguments:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-"):
         argv = ["--source", *argv]
-    (args,) = HfArgumentParser(ImportArguments).parse_args_into_dataclasses(args=argv)
+    usage = "minirope-import SOURCE --output_dir DIR [flags]  (or --source SOURCE; -h lists the flags)"
+    (args,) = HfArgumentParser(ImportArguments, usage=usage).parse_args_into_dataclasses(args=argv)
     return args
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, GenerationConfig, SchedulerType, set_seed
+from transformers import AutoTokenizer, GenerationConfig, SchedulerType, TrainingArguments, set_seed
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM
 from minirope.commands import run_cli
@@ -39,7 +39,13 @@ from minirope.data.tokenizer import load_or_train_tokenizer
 from minirope.output.card import card_name, model_card, optimizer_description, own_licence
 from minirope.output.folder import begin_writing, check_previous_run, finish_run
 from minirope.tokenizer_format import RESERVED_TOKENS
-from minirope.training.arguments import OPTIM_HIDDEN_HELP, MiniRopeTrainingArguments, parse_cli_args, start_run
+from minirope.training.arguments import (
+    OPTIM_HIDDEN_HELP,
+    MiniRopeTrainingArguments,
+    parse_cli_args,
+    retuned,
+    start_run,
+)
 from minirope.training.checkpoints import check_resume
 from minirope.training.throughput import ThroughputCallback, training_flops_per_token
 from minirope.training.trainer import MiniRopeTrainer, check_stream_workers, final_evaluation, parallelism
@@ -130,9 +136,9 @@ class PretrainingArguments(MiniRopeTrainingArguments):
     budget of about 26,500 GFLOP-s, about 2.4 minutes of training on a 2-core CPU with a 180 GFLOP/s float32 peak)."""
 
     output_dir: str = field(default="runs/minirope-shakespeare", metadata={"help": "Where the model is written."})
-    per_device_train_batch_size: int = 8
-    learning_rate: float = 4e-3
-    lr_scheduler_type: str = "warmup_stable_decay"
+    per_device_train_batch_size: int = retuned(TrainingArguments, "per_device_train_batch_size", 8)
+    learning_rate: float = retuned(TrainingArguments, "learning_rate", 4e-3)
+    lr_scheduler_type: str = retuned(TrainingArguments, "lr_scheduler_type", "warmup_stable_decay")
     lr_decay_ratio: float = field(
         default=0.3,
         metadata={
@@ -148,8 +154,8 @@ class PretrainingArguments(MiniRopeTrainingArguments):
             "choices": ["1-sqrt", "linear", "cosine"],
         },
     )
-    weight_decay: float = 0.1
-    adam_beta2: float = 0.99
+    weight_decay: float = retuned(TrainingArguments, "weight_decay", 0.1)
+    adam_beta2: float = retuned(TrainingArguments, "adam_beta2", 0.99)
     max_grad_norm: float = field(
         default=0.0,
         metadata={"help": "Clip the gradient norm to this; 0 (the default: docs/recipe.md) for no clipping."},
@@ -158,8 +164,8 @@ class PretrainingArguments(MiniRopeTrainingArguments):
     muon_momentum: float = field(
         default=0.9, metadata={"help": "With --optim_hidden muon: Muon's Nesterov momentum (docs/recipe.md: 0.9)."}
     )
-    max_steps: int = 1200
-    warmup_steps: float = 0
+    max_steps: int = retuned(TrainingArguments, "max_steps", 1200)
+    warmup_steps: float = retuned(TrainingArguments, "warmup_steps", 0)
     torch_compile: bool | None = field(
         default=None,
         metadata={
@@ -167,12 +173,12 @@ class PretrainingArguments(MiniRopeTrainingArguments):
             "not in float32 on CPU (4 %% faster steps measured on AVX2 for about 60 s of compiling)."
         },
     )
-    eval_strategy: str = "steps"
-    eval_steps: float = 1200
-    logging_steps: float = 25
-    save_strategy: str = "steps"
-    save_steps: float = 1200
-    save_total_limit: int | None = 1
+    eval_strategy: str = retuned(TrainingArguments, "eval_strategy", "steps")
+    eval_steps: float = retuned(TrainingArguments, "eval_steps", 1200)
+    logging_steps: float = retuned(TrainingArguments, "logging_steps", 25)
+    save_strategy: str = retuned(TrainingArguments, "save_strategy", "steps")
+    save_steps: float = retuned(TrainingArguments, "save_steps", 1200)
+    save_total_limit: int | None = retuned(TrainingArguments, "save_total_limit", 1)
 
     def __post_init__(self) -> None:
         super().__post_init__()

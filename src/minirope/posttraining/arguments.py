@@ -7,7 +7,7 @@ docs/verse_*.md), and `PosttrainModelConfig` (TRL's `ModelConfig`: the model, it
 `minirope.posttraining.parsing.parse_args` reads them.
 """
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -16,7 +16,7 @@ from trl import DistillationConfig, DPOConfig, GRPOConfig, ModelConfig, ScriptAr
 from minirope.data.pipeline import check_percentage
 from minirope.output.hub import TokenNotSaved
 from minirope.posttraining.reward_calls import REJECTED_BY
-from minirope.training.arguments import LORA_TARGETS
+from minirope.training.arguments import LORA_TARGETS, retuned
 from minirope.training.heap import HEAP_TRIM_HELP, TRIM_INTERVAL_S
 from minirope.training.precision import decide_bf16
 from minirope.training.sizing import CHECKPOINTING
@@ -27,15 +27,6 @@ OWN_PAIR_PROMPTS = 4096  # --num_prompts' default for dpo's own pairs' prompts
 SFT_STEPS = {"grpo": 300, "dpo": 300, "distill": 0}  # the warm start on --sft_train_file, docs/verse_history.md
 SFT_BATCH_SIZE = 8  # the warm start's rows a step, measured in docs/verse_history.md
 SFT_LM_COEF = 0.5  # the corpus term's weight during the warm start, docs/verse_*.md
-
-
-def retuned(config: type, name: str, default: object) -> object:
-    """A dataclass field for `config`'s flag `name` with a new `default` and TRL's own help text (a bare
-    `name: type = value` in a subclass would drop the help)."""
-    metadata = next(item for item in fields(config) if item.name == name).metadata
-    if isinstance(default, list | dict):
-        return field(default_factory=lambda: type(default)(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
 
 
 @dataclass

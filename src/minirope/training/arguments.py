@@ -11,7 +11,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -35,6 +35,16 @@ OPTIM_HIDDEN_HELP = (
     "AdamW for the embeddings, LM head and norms; same --learning_rate, --weight_decay and schedule: "
     "minirope.training.optimizers)."
 )
+
+
+def retuned(config: type, name: str, default: object) -> object:
+    """A dataclass field for the flag `name` of `config` (`TrainingArguments`, a TRL config) with a new `default` and
+    its own help text, which `--help` shows with the default (a bare `name: type = value` in a subclass would drop
+    both)."""
+    metadata = next(item for item in fields(config) if item.name == name).metadata
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
@@ -78,8 +88,8 @@ class MiniRopeTrainingArguments(TokenNotSaved, TrainingArguments):
     muon_momentum: float = field(
         default=MUON_MOMENTUM, metadata={"help": "With --optim_hidden muon: Muon's Nesterov momentum, in [0, 1)."}
     )
-    per_device_eval_batch_size: int = 32
-    lr_scheduler_type: str = "cosine"
+    per_device_eval_batch_size: int = retuned(TrainingArguments, "per_device_eval_batch_size", 32)
+    lr_scheduler_type: str = retuned(TrainingArguments, "lr_scheduler_type", "cosine")
     hub_strategy: str = field(
         default="end",
         metadata={
@@ -87,7 +97,7 @@ class MiniRopeTrainingArguments(TokenNotSaved, TrainingArguments):
             "every_save, checkpoint (also the last checkpoint, to resume from) or all_checkpoints."
         },
     )
-    seed: int = 42
+    seed: int = retuned(TrainingArguments, "seed", 42)
 
     def __post_init__(self) -> None:
         if self.use_cpu is None:  # with an accelerator, Trainer/accelerate place the model on it
