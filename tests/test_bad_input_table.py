@@ -447,7 +447,15 @@ CASES = [
     (POSTTRAIN, [*GRPO, "--sft_steps", "-1"], "--sft_steps must be >= 0 (0: no warm start), got -1"),
     (
         POSTTRAIN,
-        [*GRPO, "--dataset_name", "{w}/prompts", "--reward_funcs", "meter_reward", "--sft_steps", "5"],
+        [
+            *GRPO,
+            "--dataset_name",
+            "{w}/prompts",
+            "--reward_funcs",
+            "minirope.posttraining.tasks.verse.rewards.meter_reward",
+            "--sft_steps",
+            "5",
+        ],
         "--sft_steps needs demonstrations of your task: give --sft_train_file",
     ),
     (
