@@ -56,7 +56,7 @@ test-newest: install-dev
 FLOOR_TESTS := tests/test_generate.py tests/test_generation_conformance.py tests/test_meta_device.py \
 	tests/test_oracle.py tests/test_model_conformance.py tests/test_save_load.py tests/test_heads.py \
 	tests/test_rope.py tests/test_rope_forms.py tests/test_config.py tests/test_interop.py tests/test_compat.py \
-	tests/test_rewards.py tests/test_posttrain.py
+	tests/test_rewards.py tests/test_posttrain.py tests/test_tasks.py
 
 test-floor: $(FLOOR_VENV)/.installed
 	$(FLOOR_VENV)/bin/python -c "import transformers; print('floor versions: transformers', transformers.__version__)"
