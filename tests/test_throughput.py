@@ -196,9 +196,13 @@ def test_half_precision_gpu_runs_turn_off_cudnn_attention(monkeypatch, tmp_path)
     # Both commands ask, with their parsed arguments, before any work (posttrain where TRL is installed: without it,
     # the command stops first, saying how to install it).
     monkeypatch.chdir(tmp_path)
-    commands = [(finetune, ["--play", "hamlet"])] + ([(posttrain, [])] if importlib.util.find_spec("trl") else [])
-    for command, argv in commands:
-        monkeypatch.setattr(command, "avoid_cudnn_attention", called)
+    commands = [(finetune, finetune, ["--play", "hamlet"])]
+    if importlib.util.find_spec("trl"):
+        from minirope.posttraining import setup  # every method's first step (`setup.start`)
+
+        commands.append((posttrain, setup, []))
+    for command, module, argv in commands:
+        monkeypatch.setattr(module, "avoid_cudnn_attention", called)
         with pytest.raises(Called) as asked:
             command.run(
                 [*argv, "--model_name_or_path", "x", "--output_dir", "out", "--bf16", "True", "--use_cpu", "True"]
