@@ -40,7 +40,8 @@ def test_a_task_of_the_users_by_import_path_brings_its_rows_rewards_and_recipe(
     (tmp_path / "my_tasks" / "__init__.py").write_text("")
     (package / "__init__.py").write_text(TASK)
     (package / "grpo.yaml").write_text(RECIPE)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # found in the working directory, as --reward_funcs modules are
+    monkeypatch.setattr(sys, "path", [path for path in sys.path if path not in ("", str(tmp_path))])
     argv = ["--task", "my_tasks.sums", "--model_name_or_path", str(tiny_pretrained), "--output_dir",
             str(tmp_path / "out"), "--max_steps", "3"]  # fmt: skip
     args, config, model_args = parse_args(argv)

@@ -34,6 +34,25 @@ def weighted_reward(values, weights: list[float] | None) -> float:
     return sum(weight * (value or 0.0) for weight, value in zip(weights, values, strict=True))
 
 
+def import_from_working_directory(module_name: str, flag: str):
+    """The user's module `module_name`, imported with the working directory on `sys.path` (as TRL's own `trl grpo
+    --reward_funcs` imports one); None where no such module exists.
+
+    Raises:
+        ValueError: a module it imports is missing, or an error inside it (reported as itself), after `flag`.
+    """
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if not module_name.startswith(str(error.name)):  # a module the user's module imports is missing
+            raise ValueError(f"{flag}: importing {module_name} failed: {error}") from None
+        return None
+    except Exception as error:  # an error inside the user's module, reported as itself
+        raise ValueError(f"{flag}: importing {module_name} failed: {type(error).__name__}: {error}") from None
+
+
 def resolve_reward(name: str, offered: dict | None = None):
     """A reward function by name: one the task offers (`offered`, `Task.rewards`), TRL's registry (`trl.rewards`), or a
     dotted import path, imported with the working directory on `sys.path`, as TRL's own `trl grpo --reward_funcs` does.
@@ -50,18 +69,8 @@ def resolve_reward(name: str, offered: dict | None = None):
 
         return getattr(trl.rewards, name)
     module_name, _, attribute = name.rpartition(".")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    reward = None
-    try:
-        reward = getattr(importlib.import_module(module_name), attribute, None) if module_name else None
-    except ModuleNotFoundError as error:
-        if not module_name.startswith(str(error.name)):  # a module the user's module imports is missing
-            raise ValueError(f"--reward_funcs {name}: importing {module_name} failed: {error}") from None
-    except Exception as error:  # an error inside the user's module, reported as itself
-        raise ValueError(
-            f"--reward_funcs {name}: importing {module_name} failed: {type(error).__name__}: {error}"
-        ) from None
+    module = import_from_working_directory(module_name, f"--reward_funcs {name}") if module_name else None
+    reward = getattr(module, attribute, None)
     if not callable(reward):
         known = [*offered, *TRL_REWARDS]
         raise ValueError(

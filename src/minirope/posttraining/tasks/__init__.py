@@ -8,12 +8,13 @@ one recipe per method (`grpo.yaml`, `dpo.yaml`, `distill.yaml`) whose flags are 
 no `--task`, the run takes `DEFAULT_TASK` and says so. Nothing outside a task's package knows what is in it.
 """
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from datasets import Dataset
+
+from minirope.posttraining.reward_calls import import_from_working_directory
 
 DEFAULT_TASK = "verse"  # no data and no --task: the showcase task on the bundled plays
 
@@ -53,17 +54,15 @@ class Task:
 
 
 def task_module(name: str):
-    """The module of the task `name`: a package of this folder, or an import path.
+    """The module of the task `name`: a package of this folder, or an import path (from the working directory, as
+    `--reward_funcs` takes one).
 
     Raises:
-        ValueError: no such task, or one without a `load` function.
+        ValueError: no such task, one without a `load` function, or one that fails to import (naming why).
     """
     path = name if "." in name else f"{__name__}.{name}"
-    try:
-        module = importlib.import_module(path)
-    except ModuleNotFoundError as error:
-        if not path.startswith(str(error.name)):  # a module the task imports is missing: its own message
-            raise
+    module = import_from_working_directory(path, f"--task {name}")
+    if module is None:
         bundled = sorted(item.name for item in Path(__file__).parent.iterdir() if (item / "__init__.py").is_file())
         raise ValueError(f"--task {name}: no such task; give one of {', '.join(bundled)} or an import path of a "
                          f"module with a load(args, seed) -> Task function.") from None  # fmt: skip
