@@ -70,7 +70,7 @@ METRICS = ("eval_nats_per_token", "eval_perplexity", "eval_bits_per_byte")
 class LoraArguments:
     """LoRA, in TRL's `ModelConfig` names (`--use_peft`, `--lora_r`, `--lora_alpha`, `--lora_dropout`,
     `--lora_target_modules` as a list), the names `minirope-posttrain` takes; the older `--lora` and a comma-separated
-    `--lora_target_modules q_proj,v_proj` are still read (`old_names` says so in one line)."""
+    `--lora_target_modules q_proj,v_proj` are still read (`note_old_names` says so in one line)."""
 
     use_peft: bool = field(
         default=False,
@@ -100,17 +100,13 @@ class LoraArguments:
         if not self.lora_target_modules:
             raise ValueError("--lora_target_modules is empty: name the modules, e.g. q_proj v_proj.")
 
-    @property
-    def lora(self) -> bool:
-        return self.use_peft
-
     def method(self) -> str:
-        return ("LoRA (merged)" if self.merge_lora else "LoRA adapter") if self.lora else "full"
+        return ("LoRA (merged)" if self.merge_lora else "LoRA adapter") if self.use_peft else "full"
 
     def wrap(self, model, new_token_ids: list[int] = ()):
         """`model` with a peft LoRA adapter on `lora_target_modules`, or unchanged without `--use_peft`; the input
         embeddings of `new_token_ids` (tokens just added) are trained too (peft's `trainable_token_indices`)."""
-        if not self.lora:
+        if not self.use_peft:
             return model
         from peft import LoraConfig, get_peft_model
 
@@ -296,7 +292,7 @@ def fine_tune(model_args, lora_args, data_args, training_args, start) -> dict:
     begin_writing(start.output_dir, "minirope-finetune", resuming=start.resume is not None)
     train_result = trainer.train(resume_from_checkpoint=start.resume)
     after = final_evaluation(trainer)
-    if lora_args.lora and lora_args.merge_lora:
+    if lora_args.use_peft and lora_args.merge_lora:
         trainer.model = trainer.model.merge_and_unload()
 
     report(trainer, model_args, lora_args, data_args, start, Measures(trainable, before, after, train_result.metrics))
@@ -335,7 +331,7 @@ def report(trainer, model_args, lora_args, data_args, start, measures: Measures)
         f"parameters): {steps} steps, {optimizer_description(trainer.args)}, {trainer.args.num_train_epochs} epochs. "
         f"Validation bits per byte {before['eval_bits_per_byte']:.4f} before, {after['eval_bits_per_byte']:.4f} after."
     )
-    dataset, adapter = data_args.play or data_description(data_args), lora_args.lora and not lora_args.merge_lora
+    dataset, adapter = data_args.play or data_description(data_args), lora_args.use_peft and not lora_args.merge_lora
     card = model_card(
         card_name(trainer.args),
         trainer.model.config,
@@ -344,7 +340,7 @@ def report(trainer, model_args, lora_args, data_args, start, measures: Measures)
         how_trained,
         base_model=base,
         adapter=adapter,
-        methods=("lora",) if lora_args.lora else (),
+        methods=("lora",) if lora_args.use_peft else (),
         licence=licence_of(base, model_args.model_revision),
     )
     line = (

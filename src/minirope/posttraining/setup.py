@@ -259,7 +259,7 @@ def finish(trainer, run: Setup, args, before, keep: KeepBest | None, split: Time
     write the folder (`report.write_run`); the run summary."""
     with split.part("method"):
         train_metrics = trainer.train(resume_from_checkpoint=run.resume).metrics
-    selection = final_weights(trainer, keep, run, args, run.start_weights)
+    selection = final_weights(trainer, keep, run, args)
     with split.part("measures"):
         after = measure(run, args, trainer.args)
     summary = write_run(trainer, run, args, before, after, train_metrics, selection, split)
@@ -276,7 +276,7 @@ def starting_model(setup: Setup, trust_remote_code: bool):
     return model
 
 
-def final_weights(trainer, keep: KeepBest | None, setup: Setup, args, start_weights: dict) -> Selection:
+def final_weights(trainer, keep: KeepBest | None, setup: Setup, args) -> Selection:
     """After training: the best-scoring weights put back (`KeepBest`; the last without rewards or with
     `--keep_last`), a LoRA adapter merged (unless `--merge_lora False`), the weights interpolated with the start
     (`--weight_interpolation`); `setup.model` becomes the model to save. The selection made."""
@@ -292,7 +292,7 @@ def final_weights(trainer, keep: KeepBest | None, setup: Setup, args, start_weig
             and not selection.keep_last):  # fmt: skip
         trainer.model = starting_model(setup, trainer.args.trust_remote_code).to(trainer.model.device)
     if selection.kept_step != 0:  # the starting (or warm-started) weights kept: nothing to interpolate towards
-        interpolate_weights(trainer.model, start_weights, args.weight_interpolation)
+        interpolate_weights(trainer.model, setup.start_weights, args.weight_interpolation)
     elif args.weight_interpolation < 1:
         print(f"[minirope] --weight_interpolation {args.weight_interpolation} not applied: the folder keeps the "
               f"starting weights (step 0), which interpolation would mix with the warm start's")  # fmt: skip

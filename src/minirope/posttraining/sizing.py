@@ -13,10 +13,10 @@ from functools import cache
 from pathlib import Path
 
 import torch
-import yaml
 from transformers import AutoModelForCausalLM
 
 from minirope.folders import ModelArguments, load_config
+from minirope.training.arguments import read_arguments_file
 from minirope.training.sizing import CHECKPOINTING, larger
 
 RECIPE = Path(__file__).parent / "recipes" / "released_size.yaml"
@@ -41,7 +41,7 @@ def count_parameters(model_name_or_path: str, revision: str = "main", trust_remo
 def released_size_recipe() -> dict[str, dict]:
     """`RECIPE`'s sections (`every_method`, a method's, `<method>_use_peft`, `<method>_after_warm_start`), each a
     mapping of flags; `gradient_checkpointing` named as this transformers names it (`CHECKPOINTING`)."""
-    sections = yaml.safe_load(RECIPE.read_text())
+    sections = read_arguments_file(RECIPE, "recipe")
     return {section: {CHECKPOINTING if name == "gradient_checkpointing" else name: value
                       for name, value in flags.items()} for section, flags in sections.items()}  # fmt: skip
 
