@@ -50,7 +50,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import minirope  # noqa: F401 - the Auto classes, for the folders a run writes
 from minirope.convert import to_llama
-from minirope.posttraining.arguments import CONFIGS
+from minirope.posttraining.arguments import CONFIGS, method_recipe
 from minirope.posttraining.sizing import count_parameters, sized_defaults
 
 # what TRL's side takes from minirope's defaults for the model, by method; the rest are TRL's own
@@ -174,7 +174,7 @@ def minirope_side(run_dir: Path) -> dict:
 
 def trl_sized(args: argparse.Namespace, model: str) -> dict:
     """TRL's side's batch, steps and completion length: what minirope uses for `model` (its sized defaults, and its
-    method config's own batch where sizing keeps it). Exits where `model` is below the size minirope sizes for."""
+    method recipe's own batch where sizing keeps it). Exits where `model` is below the size minirope sizes for."""
     if args.flags:
         raise SystemExit("--trl_defaults runs TRL's own defaults; --flags are minirope-posttrain's: give one of them.")
     method = "distill" if args.teacher_model_name_or_path else "grpo"
@@ -182,7 +182,7 @@ def trl_sized(args: argparse.Namespace, model: str) -> dict:
     if not sized:
         raise SystemExit(f"--trl_defaults: {args.model} is below the size minirope sizes {method} for; give a released "
                          f"checkpoint (SmolLM2-135M-Instruct: minirope-import's folder).")  # fmt: skip
-    ours = {**{item.name: item.default for item in fields(CONFIGS[method])}, **sized}
+    ours = {**{item.name: item.default for item in fields(CONFIGS[method])}, **method_recipe(method), **sized}
     return {name: ours[name] for name in TRL_SIZED[method]}
 
 

@@ -480,7 +480,7 @@ def test_own_pairs_can_reject_the_worst_by_the_first_reward(tiny_pretrained):
         own_pairs(samples, rewards, rejected_by="last")
 
 
-def test_the_method_is_parsed_from_a_json_arguments_file_and_tuned_flags_keep_trl_help(tmp_path):
+def test_the_method_is_parsed_from_a_json_arguments_file_and_takes_its_recipes_defaults(tmp_path):
     """(`./m` names no folder: nothing to size the defaults from, so the methods' own defaults.)"""
     arguments = tmp_path / "args.json"
     arguments.write_text(json.dumps({"model_name_or_path": "./m", "method": "dpo", "max_steps": 3}))
@@ -489,8 +489,7 @@ def test_the_method_is_parsed_from_a_json_arguments_file_and_tuned_flags_keep_tr
     args, config, _ = parse_args(["--model", "./m", "--method=dpo"])
     assert isinstance(config, PosttrainDPOConfig) and config.learning_rate == 5e-5  # minirope's, not TRL's 1e-6
     assert config.loss_type == ["sigmoid"] and args.rejected_by == "first_reward"  # the verse task's recipe
-    help_text = PosttrainDPOConfig.__dataclass_fields__["learning_rate"].metadata["help"]
-    assert help_text and "learning rate" in help_text.lower()  # TRL's own help, kept where minirope re-defaults
+    assert args.method_recipe["learning_rate"] == 5e-5  # from recipes/dpo.yaml, the one home of the value
     # GRPO's retuned groups and reward scaling survive TRL's __post_init__, and the flags still override them
     _, config, _ = parse_args(["--model", "./m"])
     grouping = (config.num_generations, config.per_device_train_batch_size, config.max_steps, config.scale_rewards)

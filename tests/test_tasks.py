@@ -2,14 +2,17 @@
 rows, rewards and recipe of defaults; a flag given wins over the recipe; `--help` shows the methods' own defaults, not
 a task's; an unknown task, a task with data, and the verse task without its dictionary are refused in one line."""
 
+import json
 import sys
 
 import pytest
 
 pytest.importorskip("trl")
 
+from minirope.commands import posttrain  # noqa: E402
 from minirope.posttraining.parsing import parse_args, settings  # noqa: E402
 from minirope.posttraining.setup import prepare  # noqa: E402
+from minirope.posttraining.tasks import default_task, verse  # noqa: E402
 from minirope.posttraining.tasks.verse import rewards as verse_rewards  # noqa: E402
 
 TASK = """
@@ -89,6 +92,37 @@ def test_help_shows_the_methods_defaults_not_a_tasks(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "The initial learning rate for AdamW. (default: 0.0001)" in text  # not the verse recipe's 0.0006
     assert "--task TASK" in text and "recipes/released_size.yaml take their place" in text
+    assert "recipes/grpo.yaml" in text and "bundled tasks: verse; with no data: verse" in text
+    with pytest.raises(SystemExit):
+        parse_args(["dpo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "The initial learning rate for AdamW. (default: 5e-05)" in text and "recipes/dpo.yaml" in text
+
+
+def test_print_settings_names_each_values_source_and_runs_nothing(tiny_pretrained, tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1 + 1 =", "solution": "2"}\n' * 4)
+    out = tmp_path / "out"
+    summary = posttrain.run(["grpo", "--model_name_or_path", str(tiny_pretrained), "--train_file", str(rows),
+                             "--reward_funcs", "accuracy_reward", "--max_steps", "3", "--output_dir", str(out),
+                             "--print_settings", "True"])  # fmt: skip
+    printed = json.loads(capsys.readouterr().out)
+    assert summary == {} and not out.exists()
+    found = printed["settings"]
+    assert found["max_steps"] == {"value": 3, "source": "command line"}
+    assert found["learning_rate"] == {"value": 1e-4, "source": "method recipe"}  # recipes/grpo.yaml, not TRL's 1e-6
+    assert found["num_generations"] == {"value": 16, "source": "method recipe"}
+    assert printed["task"] is None and printed["recipe"] is None  # the user's data: no task recipe
+
+
+def test_the_default_task_is_the_one_bundled_task_that_declares_itself(monkeypatch):
+    default_task.cache_clear()
+    assert default_task() == "verse"
+    monkeypatch.setattr(verse, "DEFAULT", False)
+    default_task.cache_clear()
+    with pytest.raises(RuntimeError, match="0 bundled tasks set DEFAULT = True"):
+        default_task()
+    default_task.cache_clear()
 
 
 def test_a_task_is_named_or_refused_in_one_line(tiny_pretrained, tmp_path):

@@ -7,7 +7,7 @@
     minirope-posttrain --method grpo --model_name_or_path runs/my-model --dataset_name data/problems \\
         --reward_funcs my_rewards.exact_match --use_peft --lora_r 8      # a LoRA adapter, merged on save
     minirope-posttrain --config grpo.yaml                                # TRL's YAML file of flags
-    minirope-posttrain --method grpo --model_name_or_path runs/minirope-shakespeare   # no data: the verse task
+    minirope-posttrain --method grpo --model_name_or_path runs/minirope-shakespeare   # no data: the bundled task
     minirope-posttrain dpo --model_name_or_path runs/my-model --train_file pairs.jsonl  # the method as a subcommand
 
 The flags are TRL's scripts' (`trl grpo`): `TrlParser((ScriptArguments, the method's config, ModelConfig))`, with
@@ -22,6 +22,7 @@ completions and, where there is validation text, its bits per byte; they go to t
 
 import importlib
 import importlib.util
+import json
 from collections import Counter
 
 from minirope.commands import run_cli
@@ -43,8 +44,13 @@ def run(argv: list[str] | None = None) -> dict:
 
     split = TimeSplit()
     args, config, model_args = parse_args(argv)
+    effective = settings(args, config, model_args)
+    if args.print_settings:  # the run's settings, and nothing run
+        print(json.dumps({"method": args.method, "task": args.task, "recipe": args.recipe_path, "settings": effective},
+                         indent=1))  # fmt: skip
+        return {}
     print(f"[minirope] {config.precision_line or f'precision: {precision_name(config)} (--bf16/--fp16 given)'}")
-    sources = Counter(item["source"] for item in settings(args, config, model_args).values())
+    sources = Counter(item["source"] for item in effective.values())
     print(f"[minirope] flags beside TRL's defaults, by source: {', '.join(f'{n} {s}' for s, n in sources.items())} "
           f"(each in run_summary.json, `settings`)")  # fmt: skip
     script = importlib.import_module(f"minirope.posttraining.{args.method}")  # grpo, dpo or distill

@@ -5,7 +5,7 @@ Byte-level (as GPT-2 and Llama 3): every string round-trips, no unknown token, a
 vocabulary string stands for exactly one UTF-8 byte, which `token_byte_lengths` uses to count bytes for
 the bits-per-byte metric. Text is pre-tokenized with Llama 3's regex (`PRE_TOKENIZER_PATTERN`, the `Split` then
 `ByteLevel` of Meta-Llama-3's `tokenizer.json`, which llama.cpp knows as `llama-bpe`). Unlike GPT-2's regex, it
-keeps punctuation with the newlines after it (",\n" and ":\n" end most verse lines and speaker names of the
+keeps punctuation with the newlines after it (",\n" and ":\n" end most lines and speaker names of the
 bundled plays: one token each, not two) and lets one other character lead a run of letters ("-d"): on the
 validation plays the default 4096-entry tokenizer covers 3.30 bytes per token, where GPT-2's regex gave 3.00
 (10 % fewer tokens for the same text: each training step and each 256-token window holds 10 % more of it;

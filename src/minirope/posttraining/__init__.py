@@ -34,8 +34,7 @@ bottom as TRL's `trl/scripts/*.py` are: `grpo`, `dpo`, `distill`. The pieces the
     time_split  how a run's time went: loading, measures, warm start, method, writing
     tasks       `Task`, what a run receives: rows, held-out prompts, rewards, demonstrations, its own measures; a
                 bundled task is a package of it with one recipe of defaults per method (`--task NAME`, or the
-                default task when no data is given), and nothing outside its package knows it; `tasks.verse`,
-                the showcase task: prompts from the plays, lines that scan and are iambic (`minirope[verse]`)
+                default task when no data is given), and nothing outside its package knows what is in it
 
 The training loops are TRL's; nothing here is an RL or preference loop of its own. Importing this package imports
 nothing heavy; its modules import TRL.

@@ -1,13 +1,16 @@
 """`minirope-posttrain`'s flags in TRL's script shape, `(ScriptArguments, the method's config, ModelConfig)` as
 `trl/scripts/grpo.py` parses them: `PosttrainArguments` (TRL's `ScriptArguments`, the data, extended by the task:
-the method, the rewards, the corpus term, the measures), each method's TRL config, whose defaults minirope re-tunes
-for a CPU while keeping TRL's help text (`retuned`; the figures are in docs/post_training.md and the study pages
-docs/verse_*.md), and `PosttrainModelConfig` (TRL's `ModelConfig`: the model, its dtype and attention, LoRA).
+the method, the rewards, the corpus term, the measures), each method's TRL config with the defaults a run on a CPU
+needs (precision, device, checkpoints), and `PosttrainModelConfig` (TRL's `ModelConfig`: the model, its dtype and
+attention, LoRA). The measured defaults (learning rates, steps, batches, the corpus term's weight) are not here: each
+method's are in its recipe, `recipes/<method>.yaml` (`method_recipe`), each value with the measurement behind it.
 
 `minirope.posttraining.parsing.parse_args` reads them.
 """
 
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -16,17 +19,22 @@ from trl import DistillationConfig, DPOConfig, GRPOConfig, ModelConfig, ScriptAr
 from minirope.data.pipeline import check_percentage
 from minirope.output.hub import TokenNotSaved
 from minirope.posttraining.reward_calls import REJECTED_BY
-from minirope.training.arguments import LORA_TARGETS, retuned
+from minirope.training.arguments import LORA_TARGETS, read_arguments_file, retuned
 from minirope.training.heap import HEAP_TRIM_HELP, TRIM_INTERVAL_S
 from minirope.training.precision import decide_bf16
 from minirope.training.sizing import CHECKPOINTING
 
 METHODS = ("grpo", "dpo", "distill")
-LM_COEF = {"grpo": 0.5, "dpo": 1.0, "distill": 0.0}  # measured in docs/verse_*.md
+RECIPES = Path(__file__).parent / "recipes"
 OWN_PAIR_PROMPTS = 4096  # --num_prompts' default for dpo's own pairs' prompts
-SFT_STEPS = {"grpo": 300, "dpo": 300, "distill": 0}  # the warm start on --sft_train_file, docs/verse_history.md
-SFT_BATCH_SIZE = 8  # the warm start's rows a step, measured in docs/verse_history.md
-SFT_LM_COEF = 0.5  # the corpus term's weight during the warm start, docs/verse_*.md
+SFT_STEPS = {"grpo": 300, "dpo": 300, "distill": 0}  # the warm start on --sft_train_file (docs/post_training.md)
+
+
+@cache
+def method_recipe(method: str) -> dict:
+    """minirope's defaults for `method` on the user's data, `recipes/<method>.yaml`: the flags it sets in place of
+    TRL's defaults (the lowest precedence of `parsing.parse_args`), each measured where the file says."""
+    return read_arguments_file(RECIPES / f"{method}.yaml", "method recipe")
 
 
 @dataclass
@@ -42,6 +50,7 @@ class PosttrainArguments(ScriptArguments):
     given: ClassVar[frozenset] = frozenset()
     recipe: ClassVar[dict] = {}  # the --task recipe's values the run takes (no flag or --config set them)
     recipe_path: ClassVar[str | None] = None
+    method_recipe: ClassVar[dict] = {}  # the method recipe's values the run takes (nothing above set them)
     method: str = field(
         default="grpo", metadata={"help": "grpo (reward), dpo (preference pairs) or distill (a teacher)."}
     )
@@ -49,7 +58,7 @@ class PosttrainArguments(ScriptArguments):
         default=None,
         metadata={
             "help": "A task that brings its own prompts, rewards and recipe of defaults: a bundled one by name "
-            "(verse: lines of iambic verse, the task taken when no data is given) or an import path of a module "
+            "(the end of --help names them and the one taken when no data is given) or an import path of a module "
             "with a load(args, seed) -> Task function (minirope.posttraining.tasks). Default: your data "
             "(--dataset_name, --train_file)."
         },
@@ -104,8 +113,8 @@ class PosttrainArguments(ScriptArguments):
         default=0.5,
         metadata={
             "help": "dpo's own pairs: keep a prompt's best and worst samples as a pair only when their rewards differ "
-            "by at least this (with meter_reward, 0.5 keeps a chosen with two of three lines iambic against a "
-            "rejected with none)."
+            "by at least this (for a reward in [0, 1] that counts a reply's lines, 0.5 keeps a chosen with two of "
+            "three lines rewarded against a rejected with none)."
         },
     )
     rejected_by: str = field(
@@ -119,10 +128,9 @@ class PosttrainArguments(ScriptArguments):
     lm_coef: float | None = field(
         default=None,
         metadata={
-            "help": "Weight of the language-modelling loss on your pretraining text added to each update (ptx); "
-            f"default {', '.join(f'{method} {coef}' for method, coef in LM_COEF.items())} where there is a corpus "
-            "(--lm_train_file, --lm_dataset_name, or the bundled plays for a model the run summary says was "
-            "trained on them), else off."
+            "help": "Weight of the language-modelling loss on your pretraining text added to each update (ptx), "
+            "where there is a corpus (--lm_train_file, --lm_dataset_name, or the bundled plays for a model the run "
+            "summary says was trained on them), else off. Default: the method's recipe's."
         },
     )
     lm_train_file: list[str] | None = field(
@@ -160,12 +168,14 @@ class PosttrainArguments(ScriptArguments):
         default=None,
         metadata={"help": "The warm start's peak learning rate; default 3e-4, with --use_peft 1e-3 (LoRA's)."},
     )
-    sft_batch_size: int = field(default=SFT_BATCH_SIZE, metadata={"help": "The warm start's rows (blocks) a step."})
+    sft_batch_size: int | None = field(
+        default=None, metadata={"help": "The warm start's rows (blocks) a step. Default: the method's recipe's."}
+    )
     sft_lm_coef: float | None = field(
         default=None,
         metadata={
-            "help": f"The corpus term's weight during the warm start (--lm_coef's text); default {SFT_LM_COEF} where "
-            "there is a corpus, else off."
+            "help": "The corpus term's weight during the warm start (--lm_coef's text) where there is a corpus, else "
+            "off. Default: the method's recipe's."
         },
     )
     weight_interpolation: float = field(
@@ -218,6 +228,14 @@ class PosttrainArguments(ScriptArguments):
         },
     )
     eval_max_new_tokens: int = field(default=64, metadata={"help": "Tokens sampled for each measured completion."})
+    print_settings: bool = field(
+        default=False,
+        metadata={
+            "help": "Print the run's effective settings (every value that differs from TRL's default, with its "
+            "source: command line, --config, recipe, sized, method recipe) as JSON and exit, reading no weights "
+            "and writing nothing."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -392,23 +410,10 @@ class CpuDefaults(TokenNotSaved):
         super().__post_init__()
 
 
-# The methods' configs: learning rates, KL weights, steps and losses as measured in docs/post_training.md and
-# docs/verse_*.md, for the user's task (data given); a bundled task's own are in its recipes.
+# The methods' configs; their measured defaults are the methods' recipes' (`method_recipe`).
 @dataclass
 class PosttrainGRPOConfig(CpuDefaults, GRPOConfig):
     output_dir: str = retuned(GRPOConfig, "output_dir", "runs/minirope-grpo")
-    # On three tasks that are not verse (the largest of three numbers and reversing letters, each pretrained from one
-    # problem per line, and the arithmetic example's worksheets), at the default size: the held-out exact match rose on
-    # each, +14.5 to +60.7 points (docs/user_tasks.md, docs/post_training_arithmetic.md); the verse task's learning
-    # rate (6e-4) and batch scaling had made a user's subtraction task worse (10.5 % -> 2.5 %).
-    learning_rate: float = retuned(GRPOConfig, "learning_rate", 1e-4)
-    beta: float = retuned(GRPOConfig, "beta", 0.0)
-    num_generations: int | None = retuned(GRPOConfig, "num_generations", 16)
-    per_device_train_batch_size: int = retuned(GRPOConfig, "per_device_train_batch_size", 64)
-    scale_rewards: str = retuned(GRPOConfig, "scale_rewards", "group")
-    max_completion_length: int | None = retuned(GRPOConfig, "max_completion_length", 48)
-    temperature: float = retuned(GRPOConfig, "temperature", 1.0)
-    max_steps: int = retuned(GRPOConfig, "max_steps", 300)
 
     def __post_init__(self) -> None:
         if self.num_generations is not None and self.num_generations < 2:
@@ -422,14 +427,6 @@ class PosttrainGRPOConfig(CpuDefaults, GRPOConfig):
 @dataclass
 class PosttrainDPOConfig(CpuDefaults, DPOConfig):
     output_dir: str = retuned(DPOConfig, "output_dir", "runs/minirope-dpo")
-    # TRL's own loss, `sigmoid` (with the corpus term at 1.0 and pairs rejecting the least metrical sample): on the
-    # verse task, 3 points more iambic lines over three seeds than RPO (`sigmoid sft`), with more of the base's
-    # vocabulary and less drift (docs/verse_dpo.md)
-    learning_rate: float = retuned(DPOConfig, "learning_rate", 5e-5)
-    beta: float = retuned(DPOConfig, "beta", 0.1)
-    per_device_train_batch_size: int = retuned(DPOConfig, "per_device_train_batch_size", 8)
-    num_train_epochs: float = retuned(DPOConfig, "num_train_epochs", 2.0)
-    max_length: int | None = retuned(DPOConfig, "max_length", 128)
     reward_weights: list[float] | None = field(
         default=None,
         metadata={
@@ -448,13 +445,6 @@ class PosttrainDPOConfig(CpuDefaults, DPOConfig):
 @dataclass
 class PosttrainDistillationConfig(CpuDefaults, DistillationConfig):
     output_dir: str = retuned(DistillationConfig, "output_dir", "runs/minirope-distill")
-    learning_rate: float = retuned(DistillationConfig, "learning_rate", 5e-4)
-    # forward KL: the teacher's whole distribution at every sampled position
-    beta: float = retuned(DistillationConfig, "beta", 0.0)
-    per_device_train_batch_size: int = retuned(DistillationConfig, "per_device_train_batch_size", 16)
-    max_completion_length: int | None = retuned(DistillationConfig, "max_completion_length", 64)
-    temperature: float = retuned(DistillationConfig, "temperature", 1.0)
-    max_steps: int = retuned(DistillationConfig, "max_steps", 200)
 
 
 CONFIGS = {"grpo": PosttrainGRPOConfig, "dpo": PosttrainDPOConfig, "distill": PosttrainDistillationConfig}

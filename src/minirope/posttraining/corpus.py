@@ -23,7 +23,7 @@ from minirope.data.bundled import BUNDLED_CORPUS, bundled_shards
 from minirope.data.documents import Shard
 from minirope.data.pipeline import TextDataArguments, data_description, training_blocks
 from minirope.data.sources import dataset_shards, file_shards
-from minirope.posttraining.arguments import LM_COEF, SFT_LM_COEF, PosttrainArguments
+from minirope.posttraining.arguments import PosttrainArguments
 
 
 def trained_on(model_path: str) -> str | None:
@@ -73,8 +73,7 @@ def corpus_of(args: PosttrainArguments, model: str) -> Corpus:
         ValueError: `--lm_coef` or `--sft_lm_coef` above 0 with no text to take it on; FileNotFoundError: a missing
             file or dataset.
     """
-    coef = LM_COEF[args.method] if args.lm_coef is None else args.lm_coef
-    warm_coef = (SFT_LM_COEF if args.sft_lm_coef is None else args.sft_lm_coef) if args.warm_start_steps else 0.0
+    coef, warm_coef = args.lm_coef or 0.0, (args.sft_lm_coef or 0.0) if args.warm_start_steps else 0.0
     validation = file_shards(args.lm_validation_file, "text", flag="--lm_validation_file") if (
         args.lm_validation_file) else None  # fmt: skip
     base = trained_on(model)
@@ -88,7 +87,7 @@ def corpus_of(args: PosttrainArguments, model: str) -> Corpus:
         shards = bundled_shards("train") if coef or warm_coef else None
         return Corpus(shards, coef, warm_coef, source, validation or bundled_shards("validation"), base)
     for flag, value in (("--lm_coef", args.lm_coef), ("--sft_lm_coef", args.sft_lm_coef)):
-        if value:
+        if value and flag[2:] in args.given:  # a recipe's weight applies only where there is a corpus
             raise ValueError(
                 f"{flag} {value} needs the text the model was pretrained on: give --lm_train_file or "
                 f"--lm_dataset_name ({model} does not say it was trained on the bundled plays)."

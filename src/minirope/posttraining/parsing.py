@@ -3,7 +3,8 @@ the method's config class, the task's recipe and the defaults sized from the mod
 or a single JSON arguments file (`arguments_file`), then TRL's `TrlParser` over `(PosttrainArguments, the method's
 config, PosttrainModelConfig)`, recording which flags the user set (`given_flags`). A flag's value comes from, in
 order of precedence: the command line, the `--config` file, the defaults sized from the model, the task's recipe
-(`recipe`), then the method's config. The flags themselves are `minirope.posttraining.arguments`'."""
+(`recipe`), the method's recipe (`arguments.method_recipe`), then the method's TRL config. The flags themselves are
+`minirope.posttraining.arguments`'."""
 
 import sys
 from dataclasses import MISSING, dataclass, field, fields
@@ -16,18 +17,20 @@ from trl import TrlParser
 from minirope.posttraining.arguments import (
     CONFIGS,
     METHODS,
+    RECIPES,
     PosttrainArguments,
     PosttrainModelConfig,
+    method_recipe,
 )
 from minirope.posttraining.sizing import count_parameters, sized_defaults
-from minirope.posttraining.tasks import DEFAULT_TASK, recipe_path
+from minirope.posttraining.tasks import bundled, default_task, recipe_path
 from minirope.training.arguments import given_flags, json_arguments, read_arguments_file
 
 
 @dataclass
 class Preparsed:
     """What decides the config class (the method), the task and its recipe (`--task`, or none given: the data's, or
-    without data `DEFAULT_TASK`) and the defaults sized from the model (`sizing`)."""
+    without data the bundled `default_task`) and the defaults sized from the model (`sizing`)."""
 
     method: str = PosttrainArguments.__dataclass_fields__["method"].default
     task: str | None = None
@@ -51,17 +54,22 @@ class Preparsed:
 
     @property
     def task_name(self) -> str | None:
-        """The run's task: `--task`, else None for the user's data, else (no data) `DEFAULT_TASK`."""
-        return self.task or (None if self.dataset_name or self.train_file else DEFAULT_TASK)
+        """The run's task: `--task`, else None for the user's data, else (no data) the bundled `default_task()`."""
+        return self.task or (None if self.dataset_name or self.train_file else default_task())
 
 
-DEFAULTS_HELP = (
-    "Defaults: the ones shown are TRL's, some re-tuned by minirope for the user's data on a CPU. A --task's recipe "
-    "(with no data, the verse task's: minirope/posttraining/tasks/verse/<method>.yaml) and, for a model above 20M "
-    "parameters, minirope/posttraining/recipes/released_size.yaml take their place where no flag or --config sets "
-    "them. A run prints the values it takes from each in its first lines, and its run_summary.json lists every flag "
-    "that differs from TRL's default with its source (`settings`)."
-)
+def defaults_help(method: str) -> str:
+    """The end of `--help`: where the defaults shown come from, the bundled tasks, and how to print a run's own."""
+    return (
+        f"Defaults: the ones shown are TRL's and, for your data, minirope's recipe {RECIPES / f'{method}.yaml'}. "
+        f"A --task's recipe (bundled tasks: {', '.join(bundled())}; with no data: {default_task()}) and, for a "
+        f"model above 20M parameters, {RECIPES / 'released_size.yaml'} take their place where no flag or --config "
+        "sets them. --print_settings True prints a run's effective settings, each with its source, and exits "
+        "without loading or writing anything; a run prints them in its first lines and saves them in "
+        "run_summary.json (`settings`)."
+    )
+
+
 TOGETHER = {"reward_funcs": ("reward_weights", "rejected_by")}  # a recipe's values that only go with its own rewards
 
 
@@ -148,7 +156,8 @@ def parse_args(argv: list[str] | None = None) -> tuple:
     sized = known.sized_defaults()
     given = given_flags(argv, arguments)
     recipe_values, path = ({}, None) if {"-h", "--help"} & set(argv) else recipe(known, given)
-    defaults = {**recipe_values, **sized}
+    own = method_recipe(known.method) if known.method in METHODS else {}
+    defaults = {**own, **recipe_values, **sized}
     if json_arguments(argv):
         parsed = HfArgumentParser(types).parse_dict({**defaults, **arguments})
     else:
@@ -158,7 +167,7 @@ def parse_args(argv: list[str] | None = None) -> tuple:
             if unknown:
                 raise ValueError(f"--config {config_path(argv)}: {', '.join(unknown)} is not a flag of "
                                  f"minirope-posttrain --method {known.method} (--help lists them).")  # fmt: skip
-        parser = TrlParser(types, epilog=DEFAULTS_HELP)
+        parser = TrlParser(types, epilog=defaults_help(known.method if known.method in METHODS else "grpo"))
         parser.set_defaults(**defaults)  # the YAML file's values, then the command line's, win
         parsed = parser.parse_args_and_config(args=argv)
     args = parsed[0]
@@ -166,6 +175,7 @@ def parse_args(argv: list[str] | None = None) -> tuple:
     args.sized = {name: value for name, value in sized.items() if name not in given}
     args.recipe = {name: value for name, value in recipe_values.items() if name not in args.sized}
     args.recipe_path = path
+    args.method_recipe = {name: value for name, value in own.items() if name not in {*given, *args.sized, *args.recipe}}
     return parsed
 
 
@@ -185,8 +195,8 @@ def trl_default(base: type | None, name: str):
 def settings(args, config, model_args) -> dict[str, dict]:
     """Every flag of the run whose value differs from TRL's default for it, or that TRL's scripts lack and the run sets,
     with its value and where it came from: `command line`, `--config`, `recipe` (the task's), `sized` (for a
-    released-size model), `minirope` (a default minirope sets: `arguments`) or `TRL, from the others` (a value TRL's
-    own config derives). Tokens are left out."""
+    released-size model), `method recipe` (`arguments.method_recipe`), `minirope` (a default of minirope's configs:
+    `arguments`) or `TRL, from the others` (a value TRL's own config derives). Tokens are left out."""
     found = {}
     for parsed in (args, config, model_args):
         kind, base = type(parsed), trl_base(type(parsed))
@@ -203,6 +213,7 @@ def settings(args, config, model_args) -> dict[str, dict]:
                 continue
             source = ("command line" if item.name in named else "--config" if item.name in given
                       else "sized" if item.name in args.sized else "recipe" if item.name in args.recipe
+                      else "method recipe" if item.name in args.method_recipe
                       else "minirope" if item.name in own else "TRL, from the others")  # fmt: skip
             found[item.name] = {"value": json_value(value), "source": source}
     return found

@@ -3,13 +3,11 @@ on demonstrations before its RL (Ouyang et al. 2022, step 1) and DeepSeek-R1 sta
 
 `--sft_steps N` runs TRL's `SFTTrainer` for N steps of `--sft_batch_size` rows on `--sft_train_file`'s rows (TRL's
 SFT formats: `text`, `prompt`/`completion` or `messages`; a `.txt` file is one `text` row), or on the task's own
-demonstrations (`Task.demonstrations`; the verse task's: text its reward pays for, in the plays' own words, so the
-method starts from a model that already writes more of it without the narrowing a reward alone brings,
-docs/verse_history.md). Text rows are packed into blocks
+demonstrations (`Task.demonstrations`: text its rewards pay for, so that the method starts from a model that
+already writes more of it, without the narrowing a reward alone brings). Text rows are packed into blocks
 of the model's context ("wrapped"), as `minirope-finetune` packs plain text. The run's corpus term
 (`trainers.CorpusTerm`, on `--lm_coef`'s text) takes part in every warm-start update too, weighted `--sft_lm_coef`
-(0.5 by default), so that demonstrations narrower than the pretraining text cost less of it (measured in
-docs/verse_history.md: less than half the drift in bits per byte: +0.016 against +0.037).
+(the method's recipe's), so that demonstrations narrower than the pretraining text cost less of it.
 
 Where the rows of the user's task carry their answers (TRL's `solution` column, or a `completion`) and GRPO (or DPO
 ranking its own samples into pairs) would have little to learn from (`answer_warm_start`: the sampled completions of at

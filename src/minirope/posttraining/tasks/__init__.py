@@ -5,18 +5,19 @@ start may take and any measures of its own. The user's data is one kind of task 
 `--dataset_name` or `--train_file`); a bundled task is a package of this folder, named by `--task NAME` (or given by
 import path, `--task my_tasks.word_problems`): a module with a `load(args, seed) -> Task` function and, beside it,
 one recipe per method (`grpo.yaml`, `dpo.yaml`, `distill.yaml`) whose flags are the task's defaults. With no data and
-no `--task`, the run takes `DEFAULT_TASK` and says so. Nothing outside a task's package knows what is in it.
+no `--task`, the run takes the bundled task whose module sets `DEFAULT = True` (`default_task`) and says so. Nothing
+outside a task's package knows what is in it.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
+from importlib import import_module
 from pathlib import Path
 
 from datasets import Dataset
 
 from minirope.posttraining.reward_calls import import_from_working_directory
-
-DEFAULT_TASK = "verse"  # no data and no --task: the showcase task on the bundled plays
 
 
 @dataclass
@@ -63,12 +64,29 @@ def task_module(name: str):
     path = name if "." in name else f"{__name__}.{name}"
     module = import_from_working_directory(path, f"--task {name}")
     if module is None:
-        bundled = sorted(item.name for item in Path(__file__).parent.iterdir() if (item / "__init__.py").is_file())
-        raise ValueError(f"--task {name}: no such task; give one of {', '.join(bundled)} or an import path of a "
+        raise ValueError(f"--task {name}: no such task; give one of {', '.join(bundled())} or an import path of a "
                          f"module with a load(args, seed) -> Task function.") from None  # fmt: skip
     if not callable(getattr(module, "load", None)):
         raise ValueError(f"--task {name}: {path} has no load(args, seed) -> Task function.")
     return module
+
+
+def bundled() -> list[str]:
+    """The bundled tasks' names: the packages of this folder."""
+    return sorted(item.name for item in Path(__file__).parent.iterdir() if (item / "__init__.py").is_file())
+
+
+@cache
+def default_task() -> str:
+    """The task a run without data or `--task` takes: the one bundled task whose module sets `DEFAULT = True`.
+
+    Raises:
+        RuntimeError: none or several declare it (a broken install).
+    """
+    found = [name for name in bundled() if getattr(import_module(f"{__name__}.{name}"), "DEFAULT", False)]
+    if len(found) != 1:
+        raise RuntimeError(f"{__name__}: {len(found)} bundled tasks set DEFAULT = True ({found}); exactly one must.")
+    return found[0]
 
 
 def recipe_path(name: str, method: str) -> Path | None:

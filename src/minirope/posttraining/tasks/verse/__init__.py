@@ -33,6 +33,7 @@ from minirope.posttraining.tasks.verse.rewards import (
     words_of,
 )
 
+DEFAULT = True  # the task a run without data takes (tasks.default_task)
 EVAL_PROMPTS, PROMPTS = 16, 1024  # without --eval_prompts, --num_prompts (the recipes set both)
 
 
