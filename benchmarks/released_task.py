@@ -32,6 +32,7 @@ the run's process.
 """
 
 import argparse
+import importlib
 import json
 import random
 import re
@@ -50,7 +51,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import minirope  # noqa: F401 - the Auto classes, for the folders a run writes
 from minirope.convert import to_llama
-from minirope.posttraining.arguments import CONFIGS, method_recipe
+from minirope.posttraining.arguments import method_recipe
 from minirope.posttraining.sizing import count_parameters, sized_defaults
 
 # what TRL's side takes from minirope's defaults for the model, by method; the rest are TRL's own
@@ -182,7 +183,8 @@ def trl_sized(args: argparse.Namespace, model: str) -> dict:
     if not sized:
         raise SystemExit(f"--trl_defaults: {args.model} is below the size minirope sizes {method} for; give a released "
                          f"checkpoint (SmolLM2-135M-Instruct: minirope-import's folder).")  # fmt: skip
-    ours = {**{item.name: item.default for item in fields(CONFIGS[method])}, **method_recipe(method), **sized}
+    config = importlib.import_module(f"minirope.posttraining.{method}").ARGUMENTS[1]
+    ours = {**{item.name: item.default for item in fields(config)}, **method_recipe(method), **sized}
     return {name: ours[name] for name in TRL_SIZED[method]}
 
 

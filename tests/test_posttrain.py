@@ -4,6 +4,7 @@ from the working directory) is trained and measured without the bundled plays; t
 under gradient accumulation; TRL's own `trl grpo` command takes minirope's reward by import path; the pieces
 (prompts, pairs, interpolation) against what they promise."""
 
+import importlib
 import json
 import shutil
 import subprocess
@@ -733,7 +734,8 @@ def test_the_answer_warm_start_is_taken_by_grpo_and_dpos_own_pairs_only_when_sam
 
     def warm(method, share, sft_steps=None, model_args=lora, samples=8, solved=0.0):
         data = SimpleNamespace(rows=rows)
-        args = SimpleNamespace(method=method, sft_steps=sft_steps, sft_batch_size=2, eval_samples_per_prompt=samples)
+        args = SimpleNamespace(method=method, answer_warm_start=method != "distill", sft_steps=sft_steps,
+                               sft_batch_size=2, eval_samples_per_prompt=samples)  # fmt: skip
         run = SimpleNamespace(data=data, model=model, model_args=model_args)
         measured = TaskMeasure(1, 1, {}, {}, 1.0, None, alike_share=share, solved_share=solved)
         return warm_start.answer_warm_start(run, args, measured)
@@ -830,7 +832,8 @@ def test_the_nothing_gained_line_suggests_only_flags_its_method_has(tiny_pretrai
 
     from minirope.posttraining.keep_best import Selection
 
-    line = Selection(history=[{"step": 0, "score": 0.5}, {"step": 4, "score": 0.2}]).line("exact", method)
+    advice = importlib.import_module(f"minirope.posttraining.{method}").ARGUMENTS[0].advice
+    line = Selection(history=[{"step": 0, "score": 0.5}, {"step": 4, "score": 0.2}]).line("exact", advice)
     flags = re.findall(r"--[a-z_]+", line.split("(with --keep_last")[0])
     assert len(flags) == 3, line
     data = ["--dataset_name", "d"] if method != "distill" else ["--teacher_model_name_or_path", str(tiny_pretrained)]

@@ -1,9 +1,11 @@
 """`minirope-posttrain`'s flags in TRL's script shape, `(ScriptArguments, the method's config, ModelConfig)` as
 `trl/scripts/grpo.py` parses them: `PosttrainArguments` (TRL's `ScriptArguments`, the data, extended by the task:
-the method, the rewards, the corpus term, the measures), each method's TRL config with the defaults a run on a CPU
-needs (precision, device, checkpoints), and `PosttrainModelConfig` (TRL's `ModelConfig`: the model, its dtype and
-attention, LoRA). The measured defaults (learning rates, steps, batches, the corpus term's weight) are not here: each
-method's are in its recipe, `recipes/<method>.yaml` (`method_recipe`), each value with the measurement behind it.
+the method, the rewards, the corpus term, the measures; each method's script extends it with its own flags and what
+the method does with a task, as `trl/scripts/grpo.py`'s `GRPOScriptArguments` does), each method's TRL config with
+the defaults a run on a CPU needs (precision, device, checkpoints), and `PosttrainModelConfig` (TRL's `ModelConfig`:
+the model, its dtype and attention, LoRA). The measured defaults (learning rates, steps, batches, the corpus term's
+weight) are not here: each method's are in its recipe, `recipes/<method>.yaml` (`method_recipe`), each value with the
+measurement behind it.
 
 `minirope.posttraining.parsing.parse_args` reads them.
 """
@@ -18,7 +20,6 @@ from trl import DistillationConfig, DPOConfig, GRPOConfig, ModelConfig, ScriptAr
 
 from minirope.data.pipeline import check_percentage
 from minirope.output.hub import TokenNotSaved
-from minirope.posttraining.reward_calls import REJECTED_BY
 from minirope.training.arguments import LORA_TARGETS, read_arguments_file, retuned
 from minirope.training.heap import HEAP_TRIM_HELP, TRIM_INTERVAL_S
 from minirope.training.precision import decide_bf16
@@ -26,8 +27,6 @@ from minirope.training.sizing import CHECKPOINTING
 
 METHODS = ("grpo", "dpo", "distill")
 RECIPES = Path(__file__).parent / "recipes"
-OWN_PAIR_PROMPTS = 4096  # --num_prompts' default for dpo's own pairs' prompts
-SFT_STEPS = {"grpo": 300, "dpo": 300, "distill": 0}  # the warm start on --sft_train_file (docs/post_training.md)
 
 
 @cache
@@ -44,7 +43,18 @@ class PosttrainArguments(ScriptArguments):
     is `PosttrainModelConfig`'s (TRL's `ModelConfig`); the training flags are the method's TRL config's: its
     `--trust_remote_code` applies to the model and the teacher, and `DistillationConfig`'s
     `--teacher_model_name_or_path` names the teacher. After parsing, `sized` holds the defaults sized from the model
-    that the run uses (`sizing`; {} for a model of minirope's demo sizes)."""
+    that the run uses (`sizing`; {} for a model of minirope's demo sizes).
+
+    What the method does with a task is its script's (`grpo.py`, `dpo.py`, `distill.py`, each a subclass): the
+    model card's `card_tag`, the flags `advice` suggests when nothing was gained, whether a warm start on the rows'
+    answers may start it (`answer_warm_start`), the warm start's steps on `--sft_train_file` (`sft_steps_with_file`),
+    whether it takes preference pairs (`takes_pairs`), and `check_task`, `trainer_line` and `rejected_by_used`."""
+
+    card_tag: ClassVar[str] = ""
+    advice: ClassVar[tuple[str, ...]] = ()
+    answer_warm_start: ClassVar[bool] = False
+    sft_steps_with_file: ClassVar[int] = 0
+    takes_pairs: ClassVar[bool] = False
 
     sized: ClassVar[dict] = {}
     given: ClassVar[frozenset] = frozenset()
@@ -103,26 +113,8 @@ class PosttrainArguments(ScriptArguments):
     num_prompts: int | None = field(
         default=None,
         metadata={
-            "help": "At most this many training prompts. Default: every row of your data, except for dpo's own pairs "
-            f"(it samples each prompt --samples_per_prompt times: the first {OWN_PAIR_PROMPTS}); a bundled task's "
-            "recipe sets its own."
-        },
-    )
-    samples_per_prompt: int = field(default=8, metadata={"help": "dpo: samples of each prompt ranked for a pair."})
-    min_reward_margin: float = field(
-        default=0.5,
-        metadata={
-            "help": "dpo's own pairs: keep a prompt's best and worst samples as a pair only when their rewards differ "
-            "by at least this (for a reward in [0, 1] that counts a reply's lines, 0.5 keeps a chosen with two of "
-            "three lines rewarded against a rejected with none)."
-        },
-    )
-    rejected_by: str = field(
-        default="sum",
-        metadata={
-            "help": "dpo's own pairs: the sample a pair rejects, against the best by the rewards' sum: `sum`, the "
-            "worst by the sum, or `first_reward`, the worst by the first of --reward_funcs (ties to the lower sum). "
-            "Default `sum`, or the --task recipe's with its own rewards.",
+            "help": "At most this many training prompts. Default: every row of your data (dpo's own pairs: see "
+            "`minirope-posttrain dpo --help`); a bundled task's recipe sets its own."
         },
     )
     lm_coef: float | None = field(
@@ -153,8 +145,7 @@ class PosttrainArguments(ScriptArguments):
         metadata={
             "help": "A warm start: steps of supervised fine-tuning (TRL's SFTTrainer) before the method, on "
             "--sft_train_file, or on a --task's own demonstrations. "
-            f"Default: {', '.join(f'{method} {steps}' for method, steps in SFT_STEPS.items())} with --sft_train_file, "
-            "the --task recipe's, else 0."
+            "Default: 300 with --sft_train_file (grpo, dpo; distill takes none), the --task recipe's, else 0."
         },
     )
     sft_train_file: list[str] | None = field(
@@ -180,14 +171,6 @@ class PosttrainArguments(ScriptArguments):
     )
     weight_interpolation: float = field(
         default=1.0, metadata={"help": "Saved weights = start + a * (tuned - start), a in (0, 1] (WiSE-FT)."}
-    )
-    require_reward_spread: bool = field(
-        default=True,
-        metadata={
-            "help": "grpo: refuse to train when every held-out prompt's sampled completions score alike (GRPO learns "
-            "only from the differences within a prompt's group, so its steps would change nothing); False trains "
-            "anyway."
-        },
     )
     keep_last: bool = field(
         default=False,
@@ -238,16 +221,10 @@ class PosttrainArguments(ScriptArguments):
     )
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"--method {self.method!r} is not one of {', '.join(METHODS)}.")
-        if self.rejected_by not in (None, *REJECTED_BY):
-            raise ValueError(f"--rejected_by {self.rejected_by!r} is not one of {', '.join(REJECTED_BY)}.")
-        for name in ("num_prompts", "samples_per_prompt", "lm_batch_size", "sft_batch_size", "eval_prompts",
-                     "eval_samples_per_prompt", "eval_sampled_prompts", "eval_max_new_tokens"):  # fmt: skip
+        for name in ("num_prompts", "lm_batch_size", "sft_batch_size", "eval_prompts", "eval_samples_per_prompt",
+                     "eval_sampled_prompts", "eval_max_new_tokens"):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}.")
-        if self.method == "dpo" and self.samples_per_prompt < 2:
-            raise ValueError("--samples_per_prompt must be >= 2 to rank a pair: e.g. 8.")
         if self.sft_steps is not None and self.sft_steps < 0:
             raise ValueError(f"--sft_steps must be >= 0 (0: no warm start), got {self.sft_steps}.")
         if self.sft_learning_rate is not None and not self.sft_learning_rate > 0:
@@ -273,17 +250,36 @@ class PosttrainArguments(ScriptArguments):
 
     @property
     def prompt_limit(self) -> int | None:
-        """`--num_prompts`, or its default: `OWN_PAIR_PROMPTS` for dpo's own pairs, else None (every row)."""
-        if self.num_prompts is not None:
-            return self.num_prompts
-        return OWN_PAIR_PROMPTS if self.method == "dpo" else None
+        """`--num_prompts`, or its default: None, every row."""
+        return self.num_prompts
 
     @property
     def warm_start_steps(self) -> int:
-        """`--sft_steps` (given, or a --task recipe's), or its default: `SFT_STEPS` with --sft_train_file, else 0."""
+        """`--sft_steps` (given, or a --task recipe's), or its default: `sft_steps_with_file` with --sft_train_file,
+        else 0."""
         if self.sft_steps is not None:
             return self.sft_steps
-        return SFT_STEPS[self.method] if self.sft_train_file else 0
+        return self.sft_steps_with_file if self.sft_train_file else 0
+
+    def check_task(self, task) -> None:
+        """The method's checks of the run's `Task` and rewards before any work; the base takes every task."""
+
+    def require_rewards(self, what: str) -> None:
+        """Raises ValueError when no `--reward_funcs` are given: the method `what` (trains on, ranks its own
+        samples by) them."""
+        if not self.reward_funcs:
+            raise ValueError(
+                f"--method {self.method} {what} a reward: give --reward_funcs, by name or import path "
+                f"(my_rewards.exact, a function (prompts, completions, **columns) -> list[float])."
+            )
+
+    def trainer_line(self, summary: dict) -> str:
+        """The model card's words for the method's trainer, from the run `summary`."""
+        raise NotImplementedError(f"{type(self).__name__}: a method's script arguments say what trained the model.")
+
+    def rejected_by_used(self, task) -> str | None:
+        """How the run's own preference pairs chose their rejected sample (`--rejected_by`); None: no own pairs."""
+        return None
 
 
 @dataclass
@@ -445,6 +441,15 @@ class PosttrainDPOConfig(CpuDefaults, DPOConfig):
 @dataclass
 class PosttrainDistillationConfig(CpuDefaults, DistillationConfig):
     output_dir: str = retuned(DistillationConfig, "output_dir", "runs/minirope-distill")
+    reward_weights: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": "The weights of the held-out score's sum, one per --reward_funcs (measured only: distillation "
+            "trains on the teacher; default 1 each)."
+        },
+    )
 
-
-CONFIGS = {"grpo": PosttrainGRPOConfig, "dpo": PosttrainDPOConfig, "distill": PosttrainDistillationConfig}
+    def __post_init__(self) -> None:
+        if not self.teacher_model_name_or_path:
+            raise ValueError("--method distill needs --teacher_model_name_or_path: the folder of the teacher.")
+        super().__post_init__()

@@ -43,20 +43,20 @@ def data_task(args: PosttrainArguments) -> Task:
     splits, source = load_splits(args)
     train = splits["train"]
     # dpo takes preference rows, or prompts whose own samples it ranks into pairs
-    pairs = args.method == "dpo" and any(column in train.column_names for column in PAIR_COLUMNS)
-    check_columns(train, pairs, args.method, f"{source} {args.dataset_train_split}")
+    pairs = args.takes_pairs and any(column in train.column_names for column in PAIR_COLUMNS)
+    check_columns(train, pairs, args, f"{source} {args.dataset_train_split}")
     held_out = splits.get("test")
     if held_out is None:
         flag = "--train_file" if args.train_file else f"--dataset_name {source}"
         split = hold_out(train, args.validation_split_percentage, "rows", flag)
         train, held_out = split["train"], split["validation"]
     else:
-        check_columns(held_out, pairs, args.method, f"{source} {args.dataset_test_split}")
+        check_columns(held_out, pairs, args, f"{source} {args.dataset_test_split}")
     held_out = first_rows(prompts_of_pairs(held_out) if pairs else held_out, args.eval_prompts)
     if pairs:
         return Task(USER_DATA, source, held_out, train=train)
     prompts = first_rows(train, args.prompt_limit)
-    if args.method == "dpo":
+    if args.takes_pairs:  # pairs of its own samples of the prompts
         if len(prompts) < len(train):
             print(f"[minirope] dpo's own pairs: the first {len(prompts)} of {len(train)} training prompts are sampled "
                   f"(--num_prompts)")  # fmt: skip
@@ -112,7 +112,7 @@ def read_files(paths: list[str]) -> Dataset:
         raise ValueError(f"cannot read {', '.join(paths)} as rows: {reason}") from None
 
 
-def check_columns(rows: Dataset, pairs: bool, method: str, where: str) -> None:
+def check_columns(rows: Dataset, pairs: bool, args: PosttrainArguments, where: str) -> None:
     """The columns the rows need, in every row: `chosen` and `rejected` (preference pairs) or `prompt`.
 
     Raises:
@@ -124,16 +124,17 @@ def check_columns(rows: Dataset, pairs: bool, method: str, where: str) -> None:
         "TRL's preference format: {prompt, chosen, rejected} or {chosen, rejected}"
         if pairs
         else "TRL's prompt-only format: {prompt} rows, plain text or a list of messages"
-        + (", or preference pairs" if method == "dpo" else "")
+        + (", or preference pairs" if args.takes_pairs else "")
     )
     if not len(rows):
-        raise ValueError(f"{where} holds no rows: {method} takes {form}.")
+        raise ValueError(f"{where} holds no rows: {args.method} takes {form}.")
     for column in needed:
         if column not in rows.column_names:
-            raise ValueError(f"{where} has no {column!r} column (columns: {rows.column_names}): {method} takes {form}.")
+            raise ValueError(f"{where} has no {column!r} column (columns: {rows.column_names}): {args.method} takes "
+                             f"{form}.")  # fmt: skip
         missing = next((index for index, value in enumerate(rows[column]) if not value), None)
         if missing is not None:
-            raise ValueError(f"{where} row {missing + 1} has no {column!r}: {method} takes {form}.")
+            raise ValueError(f"{where} row {missing + 1} has no {column!r}: {args.method} takes {form}.")
 
 
 def prompts_of_pairs(pairs: Dataset) -> Dataset:

@@ -5,10 +5,28 @@ vocabulary with the student's: `setup.check_teacher`), TRL's `DistillationTraine
 distill`) parses the flags and calls `post_train`; the steps every method shares are `setup`'s.
 """
 
+from dataclasses import dataclass
+
 from minirope.output.folder import begin_writing
+from minirope.posttraining.arguments import PosttrainArguments, PosttrainDistillationConfig, PosttrainModelConfig
 from minirope.posttraining.setup import attach, finish, start, trainer_inputs
 from minirope.posttraining.time_split import TimeSplit
 from minirope.posttraining.trainers import MiniRopeDistillationTrainer
+
+
+@dataclass
+class DistillationScriptArguments(PosttrainArguments):
+    """`minirope-posttrain distill`'s script arguments: prompts the student completes, no rewards needed (measured
+    where given), no warm start by default."""
+
+    card_tag = "distillation"
+    advice = ("--learning_rate", "--max_steps", "--max_completion_length")  # what to change when nothing was gained
+
+    def trainer_line(self, summary: dict) -> str:
+        return f"TRL's DistillationTrainer from `{summary['teacher']}`"
+
+
+ARGUMENTS = (DistillationScriptArguments, PosttrainDistillationConfig, PosttrainModelConfig)  # as trl distillation's
 
 
 def post_train(args, config, model_args, split: TimeSplit) -> dict:

@@ -4,11 +4,71 @@ model's own samples ranked by the rewards (`pairs.own_preference_pairs`), TRL's 
 `post_train`; the steps every method shares are `setup`'s.
 """
 
+from dataclasses import dataclass, field
+
 from minirope.output.folder import begin_writing
+from minirope.posttraining.arguments import PosttrainArguments, PosttrainDPOConfig, PosttrainModelConfig
 from minirope.posttraining.pairs import own_preference_pairs
+from minirope.posttraining.reward_calls import REJECTED_BY
 from minirope.posttraining.setup import attach, finish, start, trainer_inputs
 from minirope.posttraining.time_split import TimeSplit
 from minirope.posttraining.trainers import MiniRopeDPOTrainer
+
+OWN_PAIR_PROMPTS = 4096  # --num_prompts' default for the prompts of its own pairs
+
+
+@dataclass
+class DPOScriptArguments(PosttrainArguments):
+    """`minirope-posttrain dpo`'s script arguments: preference rows, or prompts whose own samples it ranks into pairs
+    by the rewards (then needed), and a run on those may warm-start on the rows' answers."""
+
+    card_tag = "dpo"
+    advice = ("--learning_rate", "--num_train_epochs", "--samples_per_prompt")  # what to change when nothing gained
+    answer_warm_start = True
+    sft_steps_with_file = 300
+    takes_pairs = True
+    samples_per_prompt: int = field(default=8, metadata={"help": "Own pairs: samples of each prompt ranked into one."})
+    min_reward_margin: float = field(
+        default=0.5,
+        metadata={
+            "help": "Own pairs: keep a prompt's best and worst samples as a pair only when their rewards differ "
+            "by at least this (for a reward in [0, 1] that counts a reply's lines, 0.5 keeps a chosen with two of "
+            "three lines rewarded against a rejected with none)."
+        },
+    )
+    rejected_by: str = field(
+        default="sum",
+        metadata={
+            "help": "Own pairs: the sample a pair rejects, against the best by the rewards' sum: `sum`, the "
+            "worst by the sum, or `first_reward`, the worst by the first of --reward_funcs (ties to the lower sum). "
+            "Default `sum`, or the --task recipe's with its own rewards.",
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.samples_per_prompt < 2:
+            raise ValueError(f"--samples_per_prompt must be >= 2 to rank a pair, got {self.samples_per_prompt}: e.g. 8")
+        if self.rejected_by not in REJECTED_BY:
+            raise ValueError(f"--rejected_by {self.rejected_by!r} is not one of {', '.join(REJECTED_BY)}.")
+
+    @property
+    def prompt_limit(self) -> int | None:
+        """`--num_prompts`, or for its own pairs' prompts `OWN_PAIR_PROMPTS`."""
+        return self.num_prompts if self.num_prompts is not None else OWN_PAIR_PROMPTS
+
+    def check_task(self, task) -> None:
+        if task.train is None:  # no preference rows: pairs of its own samples, ranked by the rewards
+            self.require_rewards("ranks its own samples by")
+
+    def trainer_line(self, summary: dict) -> str:
+        return "TRL's DPOTrainer"
+
+    def rejected_by_used(self, task) -> str | None:
+        return self.rejected_by if task.train is None else None
+
+
+ARGUMENTS = (DPOScriptArguments, PosttrainDPOConfig, PosttrainModelConfig)  # TrlParser's, as trl dpo's
 
 
 def post_train(args, config, model_args, split: TimeSplit) -> dict:

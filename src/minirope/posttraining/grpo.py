@@ -6,13 +6,44 @@ Before any GRPO step the run checks that the rewards give the method something t
 warns when a reward can be gamed by replies that never end (`check_cut`).
 """
 
+from dataclasses import dataclass, field
+
 from minirope.output.folder import begin_writing
+from minirope.posttraining.arguments import PosttrainArguments, PosttrainGRPOConfig, PosttrainModelConfig
 from minirope.posttraining.measures import SIGNAL_SAMPLES
 from minirope.posttraining.setup import attach, finish, start, trainer_inputs
 from minirope.posttraining.time_split import TimeSplit
 from minirope.posttraining.trainers import MiniRopeGRPOTrainer
 
 CUT_SHARE = 0.25  # of the held-out samples cut at the token limit: from here `check_cut` warns of a gameable reward
+
+
+@dataclass
+class GRPOScriptArguments(PosttrainArguments):
+    """`minirope-posttrain grpo`'s script arguments, as `trl/scripts/grpo.py`'s `GRPOScriptArguments`: the rewards are
+    needed, and a run may warm-start on the rows' answers."""
+
+    card_tag = "grpo"
+    advice = ("--learning_rate", "--max_steps", "--num_generations")  # what to change when nothing was gained
+    answer_warm_start = True
+    sft_steps_with_file = 300
+    require_reward_spread: bool = field(
+        default=True,
+        metadata={
+            "help": "Refuse to train when every held-out prompt's sampled completions score alike (GRPO learns "
+            "only from the differences within a prompt's group, so its steps would change nothing); False trains "
+            "anyway."
+        },
+    )
+
+    def check_task(self, task) -> None:
+        self.require_rewards("trains on")
+
+    def trainer_line(self, summary: dict) -> str:
+        return f"TRL's GRPOTrainer with {', '.join(summary['reward_funcs'])}"
+
+
+ARGUMENTS = (GRPOScriptArguments, PosttrainGRPOConfig, PosttrainModelConfig)  # TrlParser's, as trl grpo's
 
 
 def post_train(args, config, model_args, split: TimeSplit) -> dict:

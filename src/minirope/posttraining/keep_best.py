@@ -55,15 +55,6 @@ def score_name(names: list[str], weights: list[float] | None) -> str:
     return " + ".join(terms) + " (greedy)"
 
 
-# what to change when no step beat the start, by method: each a flag of that method (tests/test_posttrain.py parses
-# them)
-ADVICE = {
-    "grpo": ("--learning_rate", "--max_steps", "--num_generations"),
-    "dpo": ("--learning_rate", "--num_train_epochs", "--samples_per_prompt"),
-    "distill": ("--learning_rate", "--max_steps", "--max_completion_length"),
-}
-
-
 @dataclass
 class Selection:
     """The measured scores (`history`: `{"step", "score"}` in step order, step 0 the starting model, or the
@@ -99,9 +90,9 @@ class Selection:
     def score(self, step: int) -> float:
         return next(entry["score"] for entry in self.history if entry["step"] == step)
 
-    def line(self, measure: str, method: str = "grpo") -> str:
-        """What the run gained on the held-out score, in one line (`measure` names it; `method` chooses the flags
-        it suggests when nothing was gained: `ADVICE`)."""
+    def line(self, measure: str, advice: tuple[str, ...] = ("--learning_rate", "--max_steps")) -> str:
+        """What the run gained on the held-out score, in one line (`measure` names it; `advice`: the method's flags
+        it suggests when nothing was gained, its script arguments' `advice`)."""
         if not self.history:
             return "the held-out prompts are not scored during training (no --reward_funcs): the last weights are kept"
         last = self.history[-1]
@@ -110,7 +101,7 @@ class Selection:
             change = f"fell from {self.origin:.3f} to" if kept < self.origin else f"stayed at {self.origin:.3f}:"
             return f"held-out {measure} {change} {kept:.3f} at step {self.kept_step}: kept anyway (--keep_last)"
         if not self.gained:
-            rate, *more = ADVICE[method]
+            rate, *more = advice
             return (
                 f"nothing gained: no step beat the starting model's held-out {measure} ({self.start:.3f}; the last "
                 f"step {last['score']:.3f}), so the folder holds the starting weights; try a lower {rate}, or more "

@@ -9,19 +9,13 @@ order of precedence: the command line, the `--config` file, the defaults sized f
 import sys
 from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum
+from importlib import import_module
 from pathlib import Path
 
 from transformers import HfArgumentParser
 from trl import TrlParser
 
-from minirope.posttraining.arguments import (
-    CONFIGS,
-    METHODS,
-    RECIPES,
-    PosttrainArguments,
-    PosttrainModelConfig,
-    method_recipe,
-)
+from minirope.posttraining.arguments import METHODS, RECIPES, PosttrainArguments, method_recipe
 from minirope.posttraining.sizing import count_parameters, sized_defaults
 from minirope.posttraining.tasks import bundled, default_task, recipe_path
 from minirope.training.arguments import given_flags, json_arguments, read_arguments_file
@@ -42,9 +36,9 @@ class Preparsed:
     use_peft: bool = False
 
     def sized_defaults(self) -> dict:
-        """The flags' defaults for this model (`sizing.sized_defaults`); {} without a model, a method or a config
-        to read (each refused later, with its own message)."""
-        if not self.model_name_or_path or self.method not in METHODS:
+        """The flags' defaults for this model (`sizing.sized_defaults`); {} without a model or a config to read
+        (each refused later, with its own message)."""
+        if not self.model_name_or_path:
             return {}
         try:
             parameters = count_parameters(self.model_name_or_path, self.model_revision, self.trust_remote_code)
@@ -76,12 +70,12 @@ TOGETHER = {"reward_funcs": ("reward_weights", "rejected_by")}  # a recipe's val
 def recipe(known: Preparsed, given: frozenset) -> tuple[dict, str | None]:
     """The flags the task's recipe sets for the method (`tasks.recipe_path`), less those the user set, and less the
     values that go with a recipe's flag the user replaced (`TOGETHER`: the recipe's reward weights with the user's
-    rewards); `({}, None)` for the user's data, a task without a recipe, `--help` or an unknown method.
+    rewards); `({}, None)` for the user's data, a task without a recipe, or `--help`.
 
     Raises:
         ValueError: an unknown task, or a recipe that is not a mapping of flags.
     """
-    if known.task_name is None or known.method not in METHODS:
+    if known.task_name is None:
         return {}, None
     path = recipe_path(known.task_name, known.method)
     values = {} if path is None else read_arguments_file(path, "--task recipe")
@@ -93,11 +87,16 @@ def recipe(known: Preparsed, given: frozenset) -> tuple[dict, str | None]:
 
 def preparse(argv: list[str], arguments: dict) -> Preparsed:
     """`--method`, `--dataset_name` and `--train_file` of a command line, read by the argument parser over
-    `arguments` (the keys of its `--config` YAML file or JSON arguments file); the method "grpo" when none names one
-    (an unknown method is refused by `PosttrainArguments`)."""
+    `arguments` (the keys of its `--config` YAML file or JSON arguments file); the method "grpo" when none names one.
+
+    Raises:
+        ValueError: a method that is not one of `METHODS`.
+    """
     parser = HfArgumentParser(Preparsed, add_help=False)
     parser.set_defaults(**{key: value for key, value in arguments.items() if key in Preparsed.__annotations__})
     known, _ = parser.parse_known_args(args=[] if json_arguments(argv) else argv)
+    if known.method not in METHODS:
+        raise ValueError(f"--method {known.method!r} is not one of {', '.join(METHODS)}.")
     return Preparsed(**vars(known))
 
 
@@ -138,8 +137,10 @@ def arguments_file(argv: list[str]) -> dict:
 def parse_args(argv: list[str] | None = None) -> tuple:
     """`(PosttrainArguments, the method's TRL config, PosttrainModelConfig)`, TRL's script order, from `argv` (default:
     the command line; a first word `grpo`, `dpo` or `distill` is `--method`'s): TRL's `TrlParser` with `--config
-    file.yaml` (the command line wins over the file), or a single JSON arguments file. The config's class is the
-    method's (`CONFIGS`); the task's recipe and the sized defaults are the parser's defaults (`recipe`, `sizing`).
+    file.yaml` (the command line wins over the file), or a single JSON arguments file. The dataclasses are the method
+    script's (`minirope.posttraining.<method>.ARGUMENTS`, as each of TRL's scripts names its own); the method recipe,
+    the task's recipe and the sized defaults are the parser's defaults (`arguments.method_recipe`, `recipe`,
+    `sizing`).
 
     Raises:
         ValueError: an unknown method, a flag outside its range, or a missing or bad arguments file.
@@ -152,11 +153,11 @@ def parse_args(argv: list[str] | None = None) -> tuple:
     argv = [part for item in argv for part in (item.split("=", 1) if item.startswith("--config=") else [item])]
     arguments = arguments_file(argv)
     known = preparse(argv, arguments)
-    types = (PosttrainArguments, CONFIGS.get(known.method, CONFIGS["grpo"]), PosttrainModelConfig)
+    types = import_module(f"minirope.posttraining.{known.method}").ARGUMENTS
     sized = known.sized_defaults()
     given = given_flags(argv, arguments)
     recipe_values, path = ({}, None) if {"-h", "--help"} & set(argv) else recipe(known, given)
-    own = method_recipe(known.method) if known.method in METHODS else {}
+    own = method_recipe(known.method)
     defaults = {**own, **recipe_values, **sized}
     if json_arguments(argv):
         parsed = HfArgumentParser(types).parse_dict({**defaults, **arguments})
@@ -167,7 +168,7 @@ def parse_args(argv: list[str] | None = None) -> tuple:
             if unknown:
                 raise ValueError(f"--config {config_path(argv)}: {', '.join(unknown)} is not a flag of "
                                  f"minirope-posttrain --method {known.method} (--help lists them).")  # fmt: skip
-        parser = TrlParser(types, epilog=defaults_help(known.method if known.method in METHODS else "grpo"))
+        parser = TrlParser(types, epilog=defaults_help(known.method))
         parser.set_defaults(**defaults)  # the YAML file's values, then the command line's, win
         parsed = parser.parse_args_and_config(args=argv)
     args = parsed[0]

@@ -11,8 +11,6 @@ from minirope.posttraining.sizing import sft_learning_rate
 from minirope.training.precision import precision_name
 from minirope.training.throughput import training_flops_per_token
 
-METHOD_TAGS = {"grpo": "grpo", "dpo": "dpo", "distill": "distillation"}  # the model card's tag for each method
-
 
 def teacher_flops(trainer) -> float:
     """The teacher's compute in model FLOPs: a forward pass (a third of `training_flops_per_token`, PaLM counting) over
@@ -31,12 +29,12 @@ def write_run(trainer, setup, args, before, after, train_metrics: dict, selectio
     how the run's time was spent (`split`, a `TimeSplit`; its "writing" part is this function's)."""
     config = trainer.args
     gained = selection.line(score_name([reward_name(reward) for reward in setup.rewards],
-                                       getattr(config, "reward_weights", None)), args.method)  # fmt: skip
+                                       config.reward_weights), args.advice)  # fmt: skip
     summary = run_summary(trainer, setup, args, before, after, train_metrics, selection, gained)
     eval_metrics = {f"before_{METRIC}": before.bits_per_byte, METRIC: after.bits_per_byte}
     eval_metrics = {key: value for key, value in eval_metrics.items() if value is not None}
     methods = (
-        METHOD_TAGS[args.method],
+        args.card_tag,
         "trl",
         *(["sft"] if setup.warm else []),
         *(["lora"] if setup.model_args.use_peft else []),
@@ -73,8 +71,8 @@ def run_summary(trainer, setup, args, before, after, train_metrics: dict, select
         "training_data": setup.corpus.trained_on,
         "teacher": getattr(config, "teacher_model_name_or_path", None),
         "reward_funcs": [reward_name(reward) for reward in setup.rewards],
-        "reward_weights": getattr(config, "reward_weights", None),
-        "rejected_by": args.rejected_by if args.method == "dpo" and setup.data.train is None else None,
+        "reward_weights": config.reward_weights,
+        "rejected_by": args.rejected_by_used(setup.data),
         "training": setup.model_args.training(),
         "precision": precision_name(config),
         "steps": trainer.state.global_step,
@@ -97,7 +95,7 @@ def run_summary(trainer, setup, args, before, after, train_metrics: dict, select
         else None,  # fmt: skip
         "train_seconds": round(train_metrics.get("train_runtime", 0.0), 1),
         "tokens_seen": trainer.state.num_input_tokens_seen,
-        "teacher_model_flops": teacher_flops(trainer) if args.method == "distill" else 0,
+        "teacher_model_flops": teacher_flops(trainer) if setup.teacher is not None else 0,
         "before": before.as_dict(),
         "after": after.as_dict(),
         "kept": selection.as_dict(),
@@ -109,8 +107,7 @@ def run_summary(trainer, setup, args, before, after, train_metrics: dict, select
 def how_trained(summary: dict, setup, args, config, before, after) -> str:
     """The model card's account of the run, from its `summary` (`run_summary`)."""
     warm = setup.warm
-    what = {"grpo": f"TRL's GRPOTrainer with {', '.join(summary['reward_funcs'])}", "dpo": "TRL's DPOTrainer",
-            "distill": f"TRL's DistillationTrainer from `{summary['teacher']}`"}[args.method]  # fmt: skip
+    what = args.trainer_line(summary)
     warmed = (
         f" after a warm start ({warm.steps} steps of TRL's SFTTrainer on {warm.source}, lr "
         f"{summary['warm_start']['learning_rate']}, corpus term weight {summary['warm_start']['lm_coef']}; then: "

@@ -86,15 +86,10 @@ def prepare(args, config, model_args) -> Setup:
     claim(config.output_dir, args.overwrite_output_dir, resume_requested(config))
     resume = resolve_resume(config)
     data = data_task(args) if args.task is None else load_task(args.task, args, config.seed)
+    args.check_task(data)  # the method's own: GRPO needs rewards, DPO them for its own pairs
     names = args.reward_funcs or []
-    if not names and (args.method == "grpo" or data.train is None):
-        what = "trains on" if args.method == "grpo" else "ranks its own samples by"
-        raise ValueError(
-            f"--method {args.method} {what} a reward: give --reward_funcs, by name or import path (my_rewards.exact, "
-            f"a function (prompts, completions, **columns) -> list[float])."
-        )
     rewards = [resolve_reward(name, data.rewards) for name in names]
-    weights = getattr(config, "reward_weights", None)  # distill has none
+    weights = config.reward_weights
     if weights is not None and len(weights) != len(rewards):
         raise ValueError(f"--reward_weights: {len(weights)} given for {len(rewards)} rewards ({', '.join(names)}): "
                          f"give one weight per reward.")  # fmt: skip
@@ -134,11 +129,9 @@ def check_flags(args, config, model_args) -> None:
     """The flags that cannot go together.
 
     Raises:
-        ValueError: distillation without a teacher; `--sft_train_file` without a warm start; `--merge_lora False`
-            (the adapter saved alone, for the model given) with a warm start or `--weight_interpolation`.
+        ValueError: `--sft_train_file` without a warm start; `--merge_lora False` (the adapter saved alone, for the
+            model given) with a warm start or `--weight_interpolation`.
     """
-    if args.method == "distill" and not getattr(config, "teacher_model_name_or_path", None):
-        raise ValueError("--method distill needs --teacher_model_name_or_path: the folder of the teacher.")
     if args.sft_train_file and not args.warm_start_steps:
         raise ValueError(f"--sft_train_file is read by a warm start, and --method {args.method} has none here "
                          f"(--sft_steps {args.warm_start_steps}): give --sft_steps N to warm-start on it, or drop "
@@ -176,7 +169,7 @@ def measure(setup: Setup, args, config):
 
 def held_out_value(measures, config) -> float:
     """The score `KeepBest` compares: the greedy means of `measures` (`measure`'s), weighted by `--reward_weights`."""
-    return weighted_sum(measures.greedy, getattr(config, "reward_weights", None))  # distill has no weights
+    return weighted_sum(measures.greedy, config.reward_weights)
 
 
 def keep_best_callback(setup: Setup, args, config, before, split: TimeSplit) -> KeepBest | None:
@@ -186,7 +179,7 @@ def keep_best_callback(setup: Setup, args, config, before, split: TimeSplit) -> 
     --reward_funcs): nothing to score by."""
     if not setup.rewards:
         return None
-    weights = getattr(config, "reward_weights", None)
+    weights = config.reward_weights
     held_out, tokens = setup.data.held_out, args.eval_max_new_tokens
 
     def score(model) -> float:  # in the method's precision (`config`), as its trainer computes

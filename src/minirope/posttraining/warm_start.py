@@ -135,7 +135,7 @@ def answer_warm_start(setup, args, measured) -> WarmStart | None:
     each) all scored alike in `measured` (`TaskMeasure.alike_share`): GRPO's groups, and DPO's own pairs, need
     samples that score apart."""
     share, prompts = measured.failing_share, setup.data.rows
-    if args.method == "distill" or prompts is None or args.sft_steps is not None:
+    if not args.answer_warm_start or prompts is None or args.sft_steps is not None:
         return None
     if share is None or share < WARM_START_SHARE or args.eval_samples_per_prompt < SIGNAL_SAMPLES:
         return None
