@@ -30,7 +30,7 @@ from minirope.posttraining import (  # noqa: E402
     setup,  # noqa: E402
     warm_start,
 )
-from minirope.posttraining.arguments import PosttrainDPOConfig  # noqa: E402
+from minirope.posttraining.configs import PosttrainDPOConfig  # noqa: E402
 from minirope.posttraining.corpus import interpolate_weights  # noqa: E402
 from minirope.posttraining.measures import SAMPLING, TaskMeasure, sample  # noqa: E402
 from minirope.posttraining.parsing import parse_args  # noqa: E402
@@ -942,7 +942,7 @@ def test_a_killed_grpo_run_resumes_from_its_checkpoint_to_the_uninterrupted_weig
 def test_the_warm_started_model_is_read_back_with_the_runs_dtype_and_attention(tiny_pretrained):
     from types import SimpleNamespace
 
-    from minirope.posttraining.arguments import PosttrainModelConfig
+    from minirope.posttraining.configs import PosttrainModelConfig
     from minirope.posttraining.warm_start import load_warm_started
 
     model_args = PosttrainModelConfig(model_name_or_path=str(tiny_pretrained), dtype="bfloat16",

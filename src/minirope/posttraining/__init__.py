@@ -4,8 +4,10 @@
 bottom as TRL's `trl/scripts/*.py` are: `grpo`, `dpo`, `distill`. The pieces they share have a module each:
 
     arguments   the command's flags in TRL's script shape: `PosttrainArguments` (TRL's `ScriptArguments` and the
-                task: the method, rewards, corpus term, measures), each method's TRL config with the defaults
-                measured for a CPU, `PosttrainModelConfig` (TRL's `ModelConfig`: dtype, attention, LoRA)
+                task: the method, rewards, corpus term, measures; each script extends it), and the method recipes
+                `recipes/<method>.yaml`, the measured defaults for your data (`method_recipe`)
+    configs     each method's TRL config with the defaults a CPU run needs, `PosttrainModelConfig` (TRL's
+                `ModelConfig`: dtype, attention, LoRA)
     setup       the steps every script takes: a run's parts checked before any work (`prepare`), the measures
                 before and the warm start (`start`), what every TRL trainer takes (`trainer_inputs`, with LoRA),
                 training and the weights kept after it (`finish`, `final_weights`: best, merged, interpolated)

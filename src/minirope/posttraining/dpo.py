@@ -7,7 +7,8 @@ model's own samples ranked by the rewards (`pairs.own_preference_pairs`), TRL's 
 from dataclasses import dataclass, field
 
 from minirope.output.folder import begin_writing
-from minirope.posttraining.arguments import PosttrainArguments, PosttrainDPOConfig, PosttrainModelConfig
+from minirope.posttraining.arguments import PosttrainArguments
+from minirope.posttraining.configs import PosttrainDPOConfig, PosttrainModelConfig
 from minirope.posttraining.pairs import own_preference_pairs
 from minirope.posttraining.reward_calls import REJECTED_BY
 from minirope.posttraining.setup import attach, finish, start, trainer_inputs

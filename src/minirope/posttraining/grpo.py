@@ -9,7 +9,8 @@ warns when a reward can be gamed by replies that never end (`check_cut`).
 from dataclasses import dataclass, field
 
 from minirope.output.folder import begin_writing
-from minirope.posttraining.arguments import PosttrainArguments, PosttrainGRPOConfig, PosttrainModelConfig
+from minirope.posttraining.arguments import PosttrainArguments
+from minirope.posttraining.configs import PosttrainGRPOConfig, PosttrainModelConfig
 from minirope.posttraining.measures import SIGNAL_SAMPLES
 from minirope.posttraining.setup import attach, finish, start, trainer_inputs
 from minirope.posttraining.time_split import TimeSplit

@@ -4,7 +4,7 @@ or a single JSON arguments file (`arguments_file`), then TRL's `TrlParser` over 
 config, PosttrainModelConfig)`, recording which flags the user set (`given_flags`). A flag's value comes from, in
 order of precedence: the command line, the `--config` file, the defaults sized from the model, the task's recipe
 (`recipe`), the method's recipe (`arguments.method_recipe`), then the method's TRL config. The flags themselves are
-`minirope.posttraining.arguments`'."""
+`minirope.posttraining.arguments`' and `configs`'."""
 
 import sys
 from dataclasses import MISSING, dataclass, field, fields

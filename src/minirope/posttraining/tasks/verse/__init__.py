@@ -51,7 +51,7 @@ def load(args, seed: int) -> Task:
     word_syllables("line")  # the dictionary is there, or one line saying how to install it
     prompts = Dataset.from_dict({"prompt": training_prompts(args.num_prompts or PROMPTS, seed)})
     held_out = Dataset.from_dict({"prompt": validation_headers(args.eval_prompts or EVAL_PROMPTS)})
-    own_pairs = args.method == "dpo"
+    own_pairs = args.takes_pairs  # dpo: prompts whose samples it ranks into pairs
     return Task(
         name="verse",
         source=BUNDLED_CORPUS,
