@@ -130,7 +130,7 @@ def interpolate(record: dict, alphas: list[float], args) -> dict:
 
     from minirope.folders import ModelArguments, load_causal_lm
     from minirope.posttraining.corpus import interpolate_weights
-    from minirope.posttraining.measures import SAMPLING, sample
+    from minirope.posttraining.sampling import SAMPLING, sample
     from minirope.posttraining.tasks.verse import validation_headers, verse_measure
 
     base, tokenizer = load_causal_lm(ModelArguments(record["base_model"]))

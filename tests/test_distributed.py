@@ -229,7 +229,7 @@ def test_posttraining_on_two_processes_measures_once_and_writes_one_folder(tiny_
                                                                            launcher, method):  # fmt: skip
     """`minirope-posttrain` under torchrun (GRPO) and `accelerate launch` (DPO, ranking its own samples) on 2 CPU
     processes: every rank trains; the main process samples the measures and every rank scores those samples
-    (`measures.on_main_process`), so the measures before training equal a one-process run's; the kept step is the
+    (`sampling.on_main_process`), so the measures before training equal a one-process run's; the kept step is the
     best measured one; one folder, written by the main process, that loads."""
     from minirope.commands import posttrain
 

@@ -32,10 +32,11 @@ from minirope.posttraining import (  # noqa: E402
 )
 from minirope.posttraining.configs import PosttrainDPOConfig  # noqa: E402
 from minirope.posttraining.corpus import interpolate_weights  # noqa: E402
-from minirope.posttraining.measures import SAMPLING, TaskMeasure, sample  # noqa: E402
+from minirope.posttraining.measures import TaskMeasure  # noqa: E402
 from minirope.posttraining.parsing import parse_args  # noqa: E402
 from minirope.posttraining.reward_calls import own_pairs  # noqa: E402
 from minirope.posttraining.rollouts import lora_base_weights, lora_layers, mergeable, merged_adapter  # noqa: E402
+from minirope.posttraining.sampling import SAMPLING, sample  # noqa: E402
 from minirope.posttraining.setup import prepare  # noqa: E402
 from minirope.posttraining.tasks.verse import training_prompts, validation_headers  # noqa: E402
 from minirope.training.heap import malloc_trim  # noqa: E402
@@ -397,7 +398,7 @@ def test_samples_read_each_prompt_once_and_equal_generates_num_return_sequences(
     """`sample` prefills each prompt once for all its completions (`shared_prefill`): the same tokens as transformers'
     `generate(num_return_sequences=...)` on the same seed, for prompts of different lengths (left padding); the
     prefill reads `B` rows, not `B x per_prompt`."""
-    from minirope.posttraining import measures
+    from minirope.posttraining import sampling
 
     model = AutoModelForCausalLM.from_pretrained(tiny_pretrained).eval()
     tokenizer = AutoTokenizer.from_pretrained(tiny_pretrained)
@@ -417,7 +418,7 @@ def test_samples_read_each_prompt_once_and_equal_generates_num_return_sequences(
     hook = model.register_forward_pre_hook(lambda module, args, kwargs: batches.append(kwargs["input_ids"].shape[0]),
                                            with_kwargs=True)  # fmt: skip
     with torch.no_grad():
-        model.generate(**measures.shared_prefill(model, inputs, 4), max_new_tokens=2, pad_token_id=0)
+        model.generate(**sampling.shared_prefill(model, inputs, 4), max_new_tokens=2, pad_token_id=0)
     hook.remove()
     assert batches[0] == 2 and batches[1:] == [8, 8]  # the prompts once, then every completion
 

@@ -28,6 +28,8 @@ bottom as TRL's `trl/scripts/*.py` are: `grpo`, `dpo`, `distill`. The pieces the
                 read from the recipe `recipes/released_size.yaml`
     measures    what a run bought and cost, before and after: each reward on the held-out prompts (greedy and
                 sampled), the share of distinct completions, bits per byte on the validation text
+    sampling    the model's completions of held-out prompts, each prompt read once for its samples, sampled on
+                the main process and shared
     rollouts    a LoRA model samples on its merged adapter (GRPO's rollouts, the measures): the base model's cost
     keep_best   never silently worse: the held-out score every --eval_steps, the best weights kept, one line
                 saying what was gained

@@ -24,14 +24,15 @@ from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
 from minirope.owned import write_atomic
-from minirope.posttraining.measures import GREEDY, reward_means, sample
+from minirope.posttraining.measures import reward_means
 from minirope.posttraining.reward_calls import weighted_reward
+from minirope.posttraining.sampling import GREEDY, sample
 
 
 def held_out_score(model, tokenizer, held_out: Dataset, rewards: list, weights: list[float] | None, tokens: int,
                    seed: int, run=None) -> float:  # fmt: skip
     """The weighted sum of each reward's mean over one greedy completion (at most `tokens` new tokens) of each
-    held-out prompt, generated in the precision of `run` (the method's TRL config; `measures.sample`); a reward
+    held-out prompt, generated in the precision of `run` (the method's TRL config; `sampling.sample`); a reward
     that applies to none counts 0. `weights`: one per reward, None for 1 each."""
     training = model.training
     devices = [model.device.index or 0] if model.device.type == "cuda" else []

@@ -6,8 +6,8 @@ from accelerate import PartialState
 from datasets import Dataset
 
 from minirope import owned
-from minirope.posttraining.measures import SAMPLING, sample
 from minirope.posttraining.reward_calls import own_pairs
+from minirope.posttraining.sampling import SAMPLING, sample
 
 PAIRS_FILE = "preference_pairs.jsonl"  # in the output folder, for the user to read and reuse
 

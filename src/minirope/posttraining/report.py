@@ -4,9 +4,10 @@ summary with the measures before and after and the kept step) and the before -> 
 from minirope.output.card import card_name, licence_of, model_card
 from minirope.output.folder import finish_run
 from minirope.posttraining.keep_best import score_name
-from minirope.posttraining.measures import METRIC, prompt_text
+from minirope.posttraining.measures import METRIC
 from minirope.posttraining.parsing import settings
 from minirope.posttraining.reward_calls import reward_name
+from minirope.posttraining.sampling import prompt_text
 from minirope.posttraining.sizing import sft_learning_rate
 from minirope.training.precision import precision_name
 from minirope.training.throughput import training_flops_per_token

@@ -146,7 +146,7 @@ REJECTED_BY = ("sum", "first_reward")  # own_pairs' rules for the sample a pair 
 def own_pairs(
     samples, rewards: list, margin: float = 0.0, weights: list[float] | None = None, rejected_by: str = "sum"
 ) -> list[dict]:
-    """Preference pairs from the model's own samples (`minirope.posttraining.measures.Samples`, several
+    """Preference pairs from the model's own samples (`minirope.posttraining.sampling.Samples`, several
     completions of each prompt): each prompt's completions ranked by the sum of `rewards` times `weights` (default 1
     each, as GRPO sums its rewards), each reward called (`call_reward`) on that prompt's completions together, as
     GRPO scores a prompt's group (a reward that reads the batch, like `word_variety_reward`, compares them with each
