@@ -6,6 +6,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 FLOOR_VENV ?= .venv-floor
+# pytest-xdist workers of `make test`: each test file on one worker (`--dist loadfile`), two files at a time; the
+# suite's commands spend much of their time starting Python, which one core does alone
+TEST_WORKERS ?= 2
 WHEEL_VENV ?= .venv-wheel
 # The CPU build of torch; on a GPU machine use e.g. `make demo TORCH=torch`.
 TORCH ?= torch==2.13.0
@@ -38,7 +41,8 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 $(FLOOR_VENV)/.installed: pyproject.toml constraints/floor.txt
 	$(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(FLOOR_VENV)/bin/python -m pip install --quiet -c constraints/floor.txt "$(TORCH)" -e ".[peft,verse]" pytest
+	$(FLOOR_VENV)/bin/python -m pip install --quiet -c constraints/floor.txt "$(TORCH)" -e ".[peft,verse]" pytest \
+		pytest-xdist
 	touch $@
 
 demo: install
@@ -49,7 +53,7 @@ test: test-newest test-floor test-wheel
 test-newest: install-dev
 	$(BIN)/ruff check src tests benchmarks evals examples
 	$(BIN)/ruff format --check src tests benchmarks evals examples
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 # The tests of what a saved folder's code meets under an older transformers: the model against Llama, generation
 # and the cache, save/load and remote code, the task heads; and post-training with the oldest TRL.
@@ -60,7 +64,7 @@ FLOOR_TESTS := tests/test_generate.py tests/test_generation_conformance.py tests
 
 test-floor: $(FLOOR_VENV)/.installed
 	$(FLOOR_VENV)/bin/python -c "import transformers; print('floor versions: transformers', transformers.__version__)"
-	$(FLOOR_VENV)/bin/python -m pytest -m "not slow" $(FLOOR_TESTS)
+	$(FLOOR_VENV)/bin/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist worksteal $(FLOOR_TESTS)
 
 # The package as users install it: `python -m build` makes the sdist and, from it, the wheel; `twine check` reads
 # both; the wheel goes into a new venv (not editable) and tests/wheel_check.py runs its commands from an empty folder.

@@ -3,11 +3,21 @@
 import os
 from pathlib import Path
 
-import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+# Under pytest-xdist (`make test` runs two workers on the machine's cores), each worker and the commands it starts
+# compute on one thread (two workers on two cores, not four threads fighting for them), and each worker's torchrun
+# runs meet on a port of its own (torchrun reads PET_MASTER_PORT; `accelerate launch` keeps the default 29500).
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("PET_MASTER_PORT", str(29600 + int(os.environ["PYTEST_XDIST_WORKER"][2:])))
 
-from minirope import MiniRopeConfig, MiniRopeForCausalLM
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from minirope import MiniRopeConfig, MiniRopeForCausalLM  # noqa: E402
+
+if os.environ.get("OMP_NUM_THREADS") == "1":  # torch may have been imported before this file (by a pytest plugin)
+    torch.set_num_threads(1)
 
 TINY = dict(
     vocab_size=97,

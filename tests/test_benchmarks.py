@@ -66,6 +66,7 @@ def test_speed_benchmark_compares_the_default_model_with_llama(tmp_path):
 
 
 @pytest.mark.client
+@pytest.mark.slow  # ~25 s: both sides for a step; `trl grpo` on a minirope folder is checked by default
 def test_posttrain_speed_runs_trl_and_minirope_side_by_side_for_one_step(tiny_pretrained, tmp_path):
     """`benchmarks/posttrain_speed.py` on the tiny model for one step: both sides train in their own process, and
     the row names the machine, both times, both peak resident sets and their ratios."""

@@ -75,8 +75,8 @@ def gpt2_style_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokeniz
 
 
 def test_the_tokenizer_covers_more_text_per_token_than_gpt_2s_regex(corpus):
-    """The README's and docs/recipe.md's figures: on the validation plays, minirope's 4096-entry tokenizer (Llama
-    3's regex) covers 3.30 bytes per token, a BPE trained alike with GPT-2's regex 3.00."""
+    """The README's and docs/studies/recipe.md's figures: on the validation plays, minirope's 4096-entry tokenizer
+    (Llama 3's regex) covers 3.30 bytes per token, a BPE trained alike with GPT-2's regex 3.00."""
     raw, tokenizer, _, _ = corpus
     gpt2 = gpt2_style_tokenizer(raw["train"]["text"], vocab_size=4096)
     plays = raw["validation"]["text"]

@@ -28,7 +28,7 @@ from hub_server import LoopbackHub
 from test_chat import free_port, server
 
 ROOT = Path(__file__).parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]  # the guide and the studies
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 SMALL = {

@@ -319,6 +319,7 @@ def test_export_pushes_a_gguf_and_a_llama_folder_that_load_back_from_the_hub(hub
     assert loaded[f"{REPO}-llama"]["ids"] == loaded[str(pushed)]["ids"]
 
 
+@pytest.mark.slow  # ~60 s: two runs and a resume through the Hub; the pushes themselves are checked by default
 def test_a_run_killed_after_a_checkpoint_push_resumes_from_the_hub_on_a_clean_machine(hub, tmp_path):
     """`--hub_strategy checkpoint` pushes each checkpoint as `last-checkpoint/`; the run is killed once the Hub holds
     one; on a clean machine (new output folder, new cache) the same command with `--resume_from_checkpoint last`

@@ -93,7 +93,7 @@ def test_the_trainer_gives_muon_the_momentum_flag(tmp_path):
 
     argv = ["--output_dir", str(tmp_path), "--use_cpu", "True", "--bf16", "False", "--eval_strategy", "no"]
     args = pretrain.parse_args(argv)[2]
-    assert args.muon_momentum == 0.9  # pretraining's measured default (docs/recipe.md)
+    assert args.muon_momentum == 0.9  # pretraining's measured default (docs/studies/recipe.md)
     finetuning = finetune.parse_args(["--model_name_or_path", "unused", "--output_dir", str(tmp_path)])[-1]
     assert finetuning.muon_momentum == 0.95  # torch's, in the other commands
     for momentum in (0.9, 0.8):

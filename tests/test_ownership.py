@@ -360,7 +360,8 @@ def training_command(name: str, model: Path, root: Path, monkeypatch) -> tuple:
     return flags[name]
 
 
-@pytest.mark.parametrize("command", ["finetune", "extend", "posttrain"])
+# posttrain's (~60 s) in `make test-slow`: it publishes through the same journal as finetune's and extend's
+@pytest.mark.parametrize("command", ["finetune", "extend", pytest.param("posttrain", marks=pytest.mark.slow)])
 def test_a_kill_or_a_full_disk_while_a_command_publishes_leaves_a_model_and_the_users_files(
     tiny_pretrained, tmp_path, monkeypatch, command
 ):

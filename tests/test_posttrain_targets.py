@@ -1,4 +1,4 @@
-"""The post-training defaults of docs/verse_task.md, end to end (marked slow: `make test-slow`; not marked
+"""The post-training defaults of docs/studies/verse_task.md, end to end (marked slow: `make test-slow`; not marked
 `client`, which the default run includes)."""
 
 import pytest
@@ -10,7 +10,7 @@ from minirope.commands import posttrain, pretrain  # noqa: E402
 
 @pytest.mark.slow
 def test_defaults_reach_what_the_docs_measured_from_the_default_model(tmp_path):
-    """docs/verse_task.md's runs (about 15 minutes on 2 cores): from the `make demo` model, each method's
+    """docs/studies/verse_task.md's runs (about 15 minutes on 2 cores): from the `make demo` model, each method's
     defaults (a warm start with the corpus term, then `meter_reward` and `word_variety_reward` weighted 1 and 1.5,
     DPO's pairs ranked with `monosyllable_penalty` too) write at least twice the base's iambic lines (DPO 1.3x), at
     least 90 % of lines distinct, with whole-text validation bits per byte near the base's, without the gaming issue

@@ -208,7 +208,7 @@ def test_generate_cli_fails_clearly_on_a_missing_model(tmp_path):
 @pytest.mark.slow
 def test_default_recipe_reaches_the_target(tmp_path):
     """The README's default run (about 2.5 minutes of training on 2 cores): whole-text validation bits per byte
-    <= 1.96 (1.9467 measured, 1.9510 with seed 2: docs/recipe.md)."""
+    <= 1.96 (1.9467 measured, 1.9510 with seed 2: docs/studies/recipe.md)."""
     metrics = pretrain.run(["--output_dir", str(tmp_path)])
     assert metrics["eval_bits_per_byte"] <= 1.96
     model = AutoModelForCausalLM.from_pretrained(tmp_path)

@@ -129,6 +129,7 @@ def test_shakespeare_chat(tmp_path, tiny_pretrained):
     assert "assistant-turn loss on held-out plays" in printed and printed.count("[assistant]") == 3
 
 
+@pytest.mark.slow  # ~45 s: pretraining and GRPO end to end; the posttrain tests cover a user's task by default
 def test_arithmetic_example_pretrains_and_posttrains_on_its_own_data(tmp_path):
     printed = run_script(
         "examples/arithmetic/arithmetic.py", "--output_dir", tmp_path, "--small", "--methods", "grpo", timeout=600

@@ -3,7 +3,7 @@
 Field names and meanings are those of `transformers.LlamaConfig`, so a config moves between the two by
 copying fields (see `minirope.convert`). The defaults describe the model that `minirope-pretrain` trains
 when run with no arguments (1.15M parameters with its 4096-token vocabulary: 3 layers, hidden 96, 2 heads of 48,
-chosen by measurement on a 2-core CPU; see docs/recipe.md).
+chosen by measurement on a 2-core CPU; see docs/studies/recipe.md).
 
 This file is shipped next to `modeling_minirope.py` as remote code by `save_pretrained`: it imports
 nothing from the rest of the package.

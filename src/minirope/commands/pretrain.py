@@ -6,10 +6,10 @@ on CPU in a few minutes and writes a Hugging Face model folder to `runs/minirope
 recipe's own defaults are those of `PretrainingArguments` below. The same script runs unchanged under
 `torchrun` and `accelerate launch`.
 
-    minirope-pretrain                                  # the default recipe (docs/recipe.md)
+    minirope-pretrain                                  # the default recipe (docs/studies/recipe.md)
     minirope-pretrain --optim_hidden adamw --num_hidden_layers 6 --hidden_size 64 --intermediate_size 192 \
         --max_steps 2400 --learning_rate 3e-3 --adam_beta2 0.95 --warmup_steps 40 --lr_decay_type cosine \
-        --lr_decay_ratio 0.25 --max_grad_norm 1.0      # the previous recipe (its tokenizer: docs/recipe.md)
+        --lr_decay_ratio 0.25 --max_grad_norm 1.0      # the previous recipe (its tokenizer: docs/studies/recipe.md)
     minirope-pretrain --max_steps 100 --output_dir /tmp/run
     minirope-pretrain --train_file a.txt --validation_file b.txt --block_size 512
     minirope-pretrain --dataset_name NAME --dataset_config_name CONFIG
@@ -132,8 +132,9 @@ class DataArguments(HeldOutArguments, TextDataArguments):
 
 @dataclass
 class PretrainingArguments(MiniRopeTrainingArguments):
-    """`TrainingArguments` with the defaults of the recipe measured in docs/recipe.md (Muon, 1200 steps: a compute
-    budget of about 26,500 GFLOP-s, about 2.4 minutes of training on a 2-core CPU with a 180 GFLOP/s float32 peak)."""
+    """`TrainingArguments` with the defaults of the recipe measured in docs/studies/recipe.md (Muon, 1200 steps: a
+    compute budget of about 26,500 GFLOP-s, about 2.4 minutes of training on a 2-core CPU with a 180 GFLOP/s float32
+    peak)."""
 
     output_dir: str = field(default="runs/minirope-shakespeare", metadata={"help": "Where the model is written."})
     per_device_train_batch_size: int = retuned(TrainingArguments, "per_device_train_batch_size", 8)
@@ -150,7 +151,8 @@ class PretrainingArguments(MiniRopeTrainingArguments):
         default="1-sqrt",
         metadata={
             "help": "With --lr_scheduler_type warmup_stable_decay: the shape of the decay, 1-sqrt (Hägele et al. "
-            "2024; measured best in docs/recipe.md), linear or cosine, unless --lr_scheduler_kwargs sets decay_type.",
+            "2024; measured best in docs/studies/recipe.md), linear or cosine, unless --lr_scheduler_kwargs sets "
+            "decay_type.",
             "choices": ["1-sqrt", "linear", "cosine"],
         },
     )
@@ -158,11 +160,12 @@ class PretrainingArguments(MiniRopeTrainingArguments):
     adam_beta2: float = retuned(TrainingArguments, "adam_beta2", 0.99)
     max_grad_norm: float = field(
         default=0.0,
-        metadata={"help": "Clip the gradient norm to this; 0 (the default: docs/recipe.md) for no clipping."},
+        metadata={"help": "Clip the gradient norm to this; 0 (the default: docs/studies/recipe.md) for no clipping."},
     )
     optim_hidden: str = field(default="muon", metadata={"help": OPTIM_HIDDEN_HELP})
     muon_momentum: float = field(
-        default=0.9, metadata={"help": "With --optim_hidden muon: Muon's Nesterov momentum (docs/recipe.md: 0.9)."}
+        default=0.9,
+        metadata={"help": "With --optim_hidden muon: Muon's Nesterov momentum (docs/studies/recipe.md: 0.9)."},
     )
     max_steps: int = retuned(TrainingArguments, "max_steps", 1200)
     warmup_steps: float = retuned(TrainingArguments, "warmup_steps", 0)

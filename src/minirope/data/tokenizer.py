@@ -9,7 +9,7 @@ keeps punctuation with the newlines after it (",\n" and ":\n" end most lines and
 bundled plays: one token each, not two) and lets one other character lead a run of letters ("-d"): on the
 validation plays the default 4096-entry tokenizer covers 3.30 bytes per token, where GPT-2's regex gave 3.00
 (10 % fewer tokens for the same text: each training step and each 256-token window holds 10 % more of it;
-docs/recipe.md).
+docs/studies/recipe.md).
 
 Long texts are tokenized piece by piece (`TextPieces`), with the same ids as `tokenizer(text)`: a text is cut
 only where it has a single space or a single newline between two other characters. The byte-level

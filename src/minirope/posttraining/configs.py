@@ -80,11 +80,11 @@ class PosttrainModelConfig(ModelConfig):
 
 
 # Why post-training stays in float32 on a CPU whose bf16 products are faster (2-core Zen 5 with AVX512_BF16, 2026-11-30;
-# docs/user_tasks.md, "bf16 or float32 on a CPU"): SmolLM2-135M with LoRA on docs/pretrained.md's largest-of-three
-# task gained +18.5/+22.0/+7.0 points in bf16 on seeds 1-3 against float32's +38.0/+25.5/+39.5 (float32 logits or
-# float32 LoRA sums did not close it); 0.42M models' `reverse` and `max` tasks gained as much or less in bf16 (69.0 and
-# 90.3 % against 71.0 and 90.3 %), in more time.
-POSTTRAINING_FLOAT32 = "GRPO learned less in bf16, or no more in more time (docs/user_tasks.md)"
+# docs/studies/user_tasks.md, "bf16 or float32 on a CPU"): SmolLM2-135M with LoRA on docs/pretrained.md's
+# largest-of-three task gained +18.5/+22.0/+7.0 points in bf16 on seeds 1-3 against float32's +38.0/+25.5/+39.5
+# (float32 logits or float32 LoRA sums did not close it); 0.42M models' `reverse` and `max` tasks gained as much or
+# less in bf16 (69.0 and 90.3 % against 71.0 and 90.3 %), in more time.
+POSTTRAINING_FLOAT32 = "GRPO learned less in bf16, or no more in more time (docs/studies/user_tasks.md)"
 
 
 @dataclass
@@ -103,7 +103,7 @@ class CpuDefaults(TokenNotSaved):
         metadata={
             "help": "bf16 mixed precision for the method, the warm start and the measures. Default: on a GPU that "
             "supports it; float32 on a CPU, where GRPO learned less in bf16 (or no more, slower) even where its "
-            "products run faster (their speed is timed at start and printed; docs/user_tasks.md)."
+            "products run faster (their speed is timed at start and printed; docs/studies/user_tasks.md)."
         },
     )
     use_cpu: bool | None = field(

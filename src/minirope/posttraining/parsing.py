@@ -59,7 +59,7 @@ def defaults_help(method: str) -> str:
         f"A --task's recipe (bundled tasks: {', '.join(bundled())}; with no data: {default_task()}) and, for a "
         f"model above 20M parameters, {RECIPES / 'released_size.yaml'} take their place where no flag or --config "
         "sets them. --print_settings True prints a run's effective settings, each with its source, and exits "
-        "without loading or writing anything; a run prints them in its first lines and saves them in "
+        "reading no weights and writing nothing; a run prints them in its first lines and saves them in "
         "run_summary.json (`settings`)."
     )
 

@@ -5,10 +5,10 @@ dropout, `--lora_dropout 0`) and unmerged before the next gradient.
 Unmerged, every LoRA layer of a decoding step runs three products instead of one (the base's, `x @ A.T`, then
 `@ B.T`), a dropout and a sum, a few more kernel launches per layer per token: with LoRA on SmolLM2-135M's 210
 linear layers a batch-16 rollout took 214-236 ms a token against 161-178 ms for the model without its adapter
-(2-core Zen 3, float32; docs/posttrain_speed.md). Merged, the layers compute `x @ (W + s B A).T`, the same function in
-one product. Merging and unmerging cost a pass over the adapted weights each (0.4 s each for SmolLM2 there), once
-per rollout, not per token. TRL does the same (`merge_adapter`, then `unmerge_adapter`) each time it sends a LoRA
-model's weights to vLLM.
+(2-core Zen 3, float32; docs/studies/posttrain_speed.md). Merged, the layers compute `x @ (W + s B A).T`, the same
+function in one product. Merging and unmerging cost a pass over the adapted weights each (0.4 s each for SmolLM2
+there), once per rollout, not per token. TRL does the same (`merge_adapter`, then `unmerge_adapter`) each time it
+sends a LoRA model's weights to vLLM.
 """
 
 from contextlib import contextmanager

@@ -131,7 +131,7 @@ def sample(
     at its first end-of-sequence token, which its token ids keep and its text (decoded without special tokens) does
     not; conversational prompts get conversational completions (`[{"role": "assistant", "content": text}]`): all as
     TRL's `GRPOTrainer` gives them to rewards. On a CPU with native bf16 products (2-core Zen 5), a bf16 run's
-    measures take 0.5-0.75x float32's time on SmolLM2 (docs/posttrain_speed.md).
+    measures take 0.5-0.75x float32's time on SmolLM2 (docs/studies/posttrain_speed.md).
 
     A LoRA model samples on its merged adapter (`merged_adapter`). On several processes (DDP: `accelerate launch`,
     torchrun) the main process samples and every process gets its samples (`on_main_process`): every process scores

@@ -21,7 +21,7 @@ from minirope.training.sizing import CHECKPOINTING, larger
 
 RECIPE = Path(__file__).parent / "recipes" / "released_size.yaml"
 ANSWER_STEPS = {False: 300, True: 32}  # the warm start on the data's answers: at most one epoch, and this many steps
-SFT_LEARNING_RATE = {False: 3e-4, True: 1e-3}  # the warm start's, full weights (docs/verse_history.md) and LoRA
+SFT_LEARNING_RATE = {False: 3e-4, True: 1e-3}  # the warm start's, full weights (docs/studies/verse_history.md) and LoRA
 
 
 def count_parameters(model_name_or_path: str, revision: str = "main", trust_remote_code: bool = False) -> int:

@@ -6,8 +6,8 @@ LoRA on every linear layer, 0.64 GB of tensors held at the peak took a 1.9 GB he
 step after step (`benchmarks/lora_heap.py`). The freed pages in the middle of the heap stay resident until
 `malloc_trim(0)` hands them back (`madvise(MADV_DONTNEED)`); calling it every second kept three such steps at 1.45 GB
 resident instead of 2.86 GB in the same time, and `minirope-posttrain`'s LoRA GRPO on SmolLM2 at 2.5-2.65 GB instead of
-3.8-3.9 (docs/posttrain_speed.md names the machine). Where the C library is not glibc (macOS, musl) there is nothing to
-call, and nothing is done.
+3.8-3.9 (docs/studies/posttrain_speed.md names the machine). Where the C library is not glibc (macOS, musl) there is
+nothing to call, and nothing is done.
 """
 
 import contextlib
@@ -15,11 +15,12 @@ import ctypes
 import threading
 from collections.abc import Callable, Iterator
 
-TRIM_INTERVAL_S = 1.0  # seconds; docs/posttrain_speed.md: every 0.2 s held the same at 1.27x the time; every 3 s, more
+# seconds; docs/studies/posttrain_speed.md: every 0.2 s held the same at 1.27x the time; every 3 s, more
+TRIM_INTERVAL_S = 1.0
 HEAP_TRIM_HELP = (  # --heap_trim_seconds of minirope-posttrain and minirope-finetune
     "On a CPU with glibc: hand the heap's freed pages back to the system every this many seconds (malloc_trim), "
-    "which holds a LoRA run near its tensors' memory (docs/posttrain_speed.md: SmolLM2's LoRA GRPO 2.5 GB instead "
-    "of 3.8, in the same time); 0: never."
+    "which holds a LoRA run near its tensors' memory (docs/studies/posttrain_speed.md: SmolLM2's LoRA GRPO 2.5 GB "
+    "instead of 3.8, in the same time); 0: never."
 )
 
 

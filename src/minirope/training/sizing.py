@@ -6,9 +6,9 @@ until the backward pass. `minirope-finetune --lora` on SmolLM2-135M-Instruct at 
 peaked at 9.4 GB on a 2-core Zen 3; on a Zen 5 in bf16, 7.55 GB without it and 3.26 GB with it in the same time and
 to the same validation loss (docs/training.md). A model of 1B parameters, 3-4x wider and 22-28 layers, would hold
 several times that without it (not measured); GRPO with LoRA on SmolLM2 went from 6.24 to 3.87 GB
-(docs/posttrain_speed.md). TRL's configs have it on by default; transformers' `TrainingArguments` off. A flag given
-(`--activation_checkpointing`, or the floor's `--gradient_checkpointing`, on the command line or in an arguments file)
-always wins.
+(docs/studies/posttrain_speed.md). TRL's configs have it on by default; transformers' `TrainingArguments` off. A flag
+given (`--activation_checkpointing`, or the floor's `--gradient_checkpointing`, on the command line or in an arguments
+file) always wins.
 """
 
 from dataclasses import fields

@@ -96,7 +96,7 @@ class ThroughputCallback(TrainerCallback):
     (reading and tokenizing, for a stream) and logging; and `training_seconds`, the wall time of training
     itself: every step (slow ones and compilation included) and the time between steps, but not the
     evaluations and checkpoints the Trainer runs between steps, nor the peak measurements (the compute
-    budget of docs/recipe.md is `training_seconds` x the peak).
+    budget of docs/studies/recipe.md is `training_seconds` x the peak).
     """
 
     def __init__(

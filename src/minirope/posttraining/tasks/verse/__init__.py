@@ -1,7 +1,7 @@
 """The verse task of post-training, the run's task when no data is given: prompts from the bundled plays, the model's
 lines sampled and scored with the rewards of `rewards` (syllables and stress by the CMU Pronouncing Dictionary:
 `pip install 'minirope[verse]'`), and its defaults in the recipes beside this file (`grpo.yaml`, `dpo.yaml`,
-`distill.yaml`; measured in docs/verse_task.md).
+`distill.yaml`; measured in docs/studies/verse_task.md).
 
 A prompt is the start of a speech, as the corpus writes it: the speaker's header, and for half of the speeches of
 the training plays its first line too (`SPEAKER:\\n` or `SPEAKER:\\nline\\n`). Training prompts come from the training

@@ -183,8 +183,8 @@ def monosyllable_penalty(completions: list, **kwargs) -> list[float]:
     lines that scan with words of one syllable only (`scans`, no `polysyllables`), in [-1, 0]. Summed with
     `meter_reward` at weight 1, such a line nets `(MONOSYLLABIC_CREDIT - 1) / 3`, less than a line that does not
     scan, so dpo's pairs of the model's own samples reject it: dpo's default for the verse task, which wrote 39 % of
-    its scanning lines in monosyllables without it and 21 % with it (docs/verse_task.md). GRPO, given it, learned
-    to write no ten-syllable lines at all (7 % iambic, measured there), so its defaults leave it out."""
+    its scanning lines in monosyllables without it and 21 % with it (docs/studies/verse_task.md). GRPO, given it,
+    learned to write no ten-syllable lines at all (7 % iambic, measured there), so its defaults leave it out."""
     return [
         -sum(scans(line) and not polysyllables(line) for line in verse_lines(completion_text(completion)))
         / LINES_PER_COMPLETION
@@ -199,8 +199,8 @@ def word_variety_reward(completions: list, **kwargs) -> list[float]:
     wrote (lines not written count as misses, as in `meter_reward`); 0 for a completion without words. A policy that
     writes every line from the same few short words scores low on it however well they scan, and one that writes a
     single line of odd words earns a third of it (without that factor, GRPO without its KL term learned to write about
-    one line a completion when each reward was normalized apart or a step took 32 completions: docs/verse_grpo.md).
-    """
+    one line a completion when each reward was normalized apart or a step took 32 completions:
+    docs/studies/verse_grpo.md)."""
     lines = [verse_lines(completion_text(completion)) for completion in completions]
     words = [[word for line in completion_lines for word in words_of(line)] for completion_lines in lines]
     users: dict[str, int] = {}
