@@ -11,15 +11,15 @@ process per measurement matters: the allocator keeps freed pages, so a second ca
 
 Cases: a training step (forward + backward + AdamW; minirope with `skip_logits=True`, as `MiniRopeTrainer`
 calls it) in fp32 and in bf16 autocast at ~1M, 12M and 100M parameters, and in fp32 again with minirope's training
-products on oneDNN where this machine measures it faster (`use_measured_products(model, training=True)`, as a float32
+matmuls on oneDNN where this machine measures it faster (`use_measured_matmuls(model, training=True)`, as a float32
 eager minirope command does); prefill; greedy decode at batch 1 and 8 with the default dynamic cache (both models
-run `nn.Linear`'s products), at batch 1 with bf16 weights, and again with minirope's decoding products on oneDNN
-where this machine measures it faster (`use_measured_products`, as `minirope-generate` does); minirope with a static
+run `nn.Linear`'s matmuls), at batch 1 with bf16 weights, and again with minirope's decoding matmuls on oneDNN
+where this machine measures it faster (`use_measured_matmuls`, as `minirope-generate` does); minirope with a static
 cache and a compiled forward
 (`torch.compile` with Inductor's `freezing`, its CPU inference mode) against Llama's dynamic-cache decode;
 a RoPE microbenchmark (cos/sin cache gather vs recomputing cos/sin from positions) at 128..8192 tokens;
 one float32 product on torch.mm and on oneDNN at decode and training shapes, its weight in the cache and from
-memory (what `use_measured_products` weighs, here for more shapes).
+memory (what `use_measured_matmuls` weighs, here for more shapes).
 Scaling curves (PNG): training step time vs sequence length at a fixed 4096 tokens per step, and greedy
 decode time per token vs context length.
 
@@ -53,10 +53,10 @@ from transformers import LlamaConfig, StoppingCriteria, StoppingCriteriaList
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM, MiniRopeRotaryEmbedding
-from minirope.commands.generate import measured_products
+from minirope.commands.generate import measured_matmuls
 from minirope.convert import to_llama
-from minirope.cpu_products import available as onednn_available
-from minirope.cpu_products import cpu_model_name, onednn_linear, use_measured_products
+from minirope.cpu_matmuls import available as onednn_available
+from minirope.cpu_matmuls import cpu_model_name, onednn_linear, use_measured_matmuls
 from minirope.training.arguments import reuse_freed_memory
 from minirope.training.precision import choose_bf16
 from minirope.training.throughput import matmul_peak_flops
@@ -156,28 +156,28 @@ def compiled_static(model: MiniRopeForCausalLM) -> MiniRopeForCausalLM:
 
 
 def measured_or_plain(model, batch: int) -> Callable[[], int]:
-    """minirope: decoding and prompt products on oneDNN where this machine measured it faster
-    (`minirope-generate`'s own `measured_products`); Llama: its own products."""
+    """minirope: decoding and prompt matmuls on oneDNN where this machine measured it faster
+    (`minirope-generate`'s own `measured_matmuls`); Llama: its own matmuls."""
     if isinstance(model, MiniRopeForCausalLM):
-        measured_products(model)  # prints its choice on stderr
+        measured_matmuls(model)  # prints its choice on stderr
     return decode_case(model, batch)
 
 
 def measured_prefill(model, batch: int, length: int) -> Callable[[], int]:
-    """minirope: products of more than 8 rows on oneDNN where this machine measured it faster (what
-    `minirope-generate` does for the prompt); Llama: its own products."""
+    """minirope: matmuls of more than 8 rows on oneDNN where this machine measured it faster (what
+    `minirope-generate` does for the prompt); Llama: its own matmuls."""
     if isinstance(model, MiniRopeForCausalLM):
-        use_measured_products(model, training=True)
+        use_measured_matmuls(model, training=True)
     return prefill_case(model, batch, length)
 
 
 def measured_training_or_plain(model, batch: int, length: int) -> Callable[[], int]:
-    """minirope: training products on oneDNN where this machine measured it faster (`use_measured_products(model,
-    training=True)`, what a float32 eager minirope command does); Llama: its own products."""
+    """minirope: training matmuls on oneDNN where this machine measured it faster (`use_measured_matmuls(model,
+    training=True)`, what a float32 eager minirope command does); Llama: its own matmuls."""
     if isinstance(model, MiniRopeForCausalLM):
         linears = sum(type(module) is torch.nn.Linear for module in model.modules())
-        chosen = use_measured_products(model, training=True)
-        print(f"  measured training products on oneDNN: {len(chosen)} of {linears} linears", flush=True)
+        chosen = use_measured_matmuls(model, training=True)
+        print(f"  measured training matmuls on oneDNN: {len(chosen)} of {linears} linears", flush=True)
     return train_case(model, batch, length)
 
 
@@ -195,7 +195,7 @@ CASES: dict[str, tuple[str, Callable]] = {
     for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))
 }
 CASES |= {
-    f"train {size} fp32 {batch}x{length}, measured products": (
+    f"train {size} fp32 {batch}x{length}, measured matmuls": (
         "tokens/s",
         partial(measured_training_or_plain, batch=batch, length=length),
     )
@@ -204,7 +204,7 @@ CASES |= {
 CASES |= {
     "greedy decode default fp32 batch 1, dynamic cache": ("tokens/s", partial(decode_case, batch=1)),
     "prefill 12M fp32 8x512": ("tokens/s", partial(prefill_case, batch=8, length=512)),
-    "prefill 12M fp32 8x512, measured products": ("tokens/s", partial(measured_prefill, batch=8, length=512)),
+    "prefill 12M fp32 8x512, measured matmuls": ("tokens/s", partial(measured_prefill, batch=8, length=512)),
     "greedy decode 12M fp32 batch 1, dynamic cache": ("tokens/s", partial(decode_case, batch=1)),
     "greedy decode 12M fp32 batch 8, dynamic cache": ("tokens/s", partial(decode_case, batch=8)),
     "greedy decode 100M fp32 batch 1, dynamic cache": ("tokens/s", partial(decode_case, batch=1)),
@@ -220,7 +220,7 @@ CASES |= {
     for size in ("default", "12M", "100M")
 }
 CASES |= {
-    f"greedy decode {size} fp32 batch {batch}, measured products": ("tokens/s", partial(measured_or_plain, batch=batch))
+    f"greedy decode {size} fp32 batch {batch}, measured matmuls": ("tokens/s", partial(measured_or_plain, batch=batch))
     for size, batch in (("default", 1), ("12M", 1), ("12M", 8), ("100M", 1), ("100M", 8), ("SmolLM2-135M", 1))
 }
 CASES |= {
@@ -327,16 +327,16 @@ def rope_microbenchmark(reps: int) -> list[dict]:
     return rows
 
 
-# (rows, in, out): decode products of the default, 12M and 100M models and of a 1B Llama (its MLP), then training
-# products of the default and 12M models
+# (rows, in, out): decode matmuls of the default, 12M and 100M models and of a 1B Llama (its MLP), then training
+# matmuls of the default and 12M models
 LINEAR_SHAPES = [(1, 96, 288), (1, 96, 4096), (1, 384, 384), (1, 384, 1024), (1, 384, 4096), (1, 768, 2048),
                  (8, 768, 2048), (1, 2048, 8192), (2048, 96, 288), (4096, 384, 1024), (4096, 1024, 384)]  # fmt: skip
 FROM_MEMORY_BYTES = 128 * 2**20  # weights cycled through this much memory: several times any CPU's last-level cache
 
 
 def linear_microbenchmark() -> list[dict]:
-    """One float32 product `x @ W.T` on `torch.mm`'s BLAS and on oneDNN (the op `use_measured_products` moves
-    decoding products to where it measures it faster): median microseconds, at the shapes of `LINEAR_SHAPES`, with
+    """One float32 product `x @ W.T` on `torch.mm`'s BLAS and on oneDNN (the op `use_measured_matmuls` moves
+    decoding matmuls to where it measures it faster): median microseconds, at the shapes of `LINEAR_SHAPES`, with
     the weight in the cache (the same weight again and again) and from memory (copies of it cycled through
     `FROM_MEMORY_BYTES`, as when decoding a model larger than the cache). [] without oneDNN."""
     if not onednn_available():
@@ -458,7 +458,7 @@ def main() -> None:
     bf16, precision = choose_bf16(torch.device("cpu"))
     print(precision)
     if not bf16:
-        print("bf16 rows skipped: bf16 products are not clearly faster than float32 on this CPU (emulated bf16)")
+        print("bf16 rows skipped: bf16 matmuls are not clearly faster than float32 on this CPU (emulated bf16)")
         names = [name for name in names if "bf16" not in name]
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = [compare(name, args.reps, not args.skip_memory) for name in names]

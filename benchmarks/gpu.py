@@ -10,7 +10,7 @@ transformers' `Trainer`), with the same `TrainingArguments`: bf16 where the devi
 CUDA, `torch_compile` on or off. Time per step = the wall time of the steps after the warm-up (the device
 synchronised at both ends) / `--steps`; the models alternate (minirope, Llama, minirope, Llama, ...) for `--rounds`
 rounds and each keeps its best round. MFU uses PaLM's FLOP count (`training_flops_per_token`) against the
-bf16 matrix-product peak measured once in this run (`matmul_peak_flops`: grown until the rate stops rising).
+bf16 matmul peak measured once in this run (`matmul_peak_flops`: grown until the rate stops rising).
 Peak memory: `max_memory_allocated` during the run (CUDA only). `--use_liger_kernel` rows run where
 `liger-kernel` is installed (transformers patches Llama with it; minirope's fused loss is its own).
 
@@ -199,7 +199,7 @@ def main() -> None:
     peak, peak_size = matmul_peak_flops(args.device, dtype)
     precision = str(dtype).removeprefix("torch.")
     print(f"{device_description()}; torch {torch.__version__}, transformers {transformers.__version__}; "
-          f"{precision} matmul peak {peak / 1e12:.1f} TFLOP/s at {peak_size}-square products")  # fmt: skip
+          f"{precision} matmul peak {peak / 1e12:.1f} TFLOP/s at {peak_size}-square matmuls")  # fmt: skip
     print("\n| size | attention | compile | liger | minirope tokens/s | Llama tokens/s | ratio | MFU | peak MiB |")
     print("|---|---|---|---|---|---|---|---|---|")
     training = training_rows(args, peak)

@@ -17,7 +17,7 @@ an AVX2-only CPU; `--dtype bfloat16` elsewhere), the median of `--reps` forward 
   timed after its compilation (whose seconds are printed and kept in the row).
 
 Model FLOPs per token as in PaLM (`minirope.training.throughput`): 6N for a full step, 4N for LoRA (the forward and
-the products that carry the gradient back to the inputs; a frozen weight takes no gradient), the attention's in both;
+the matmuls that carry the gradient back to the inputs; a frozen weight takes no gradient), the attention's in both;
 checkpointing's recomputed forward is not counted (it is overhead, not model FLOPs). MFU divides by the machine's
 measured product peak in that precision (`matmul_peak_flops`). Prints a table and appends a row to --output.
 """

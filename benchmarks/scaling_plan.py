@@ -10,11 +10,14 @@ peak and MFU stated in the table. Everything measured lives in docs/scaling.md n
 import torch
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM
+from minirope.commands.pretrain import PretrainingArguments
 from minirope.training.throughput import training_flops_per_token
 
+DEMO = PretrainingArguments(output_dir="unused")
+DEMO_CONTEXT = MiniRopeConfig().max_position_embeddings  # the default block: the trained context
 # name: (config fields, context, token budget, MFU assumed on H100s)
 SIZES = {
-    "default (make demo)": ({}, 256, 4_915_200, None),
+    "default (make demo)": ({}, DEMO_CONTEXT, DEMO.max_steps * DEMO.per_device_train_batch_size * DEMO_CONTEXT, None),
     "~125M (GPT-2 small shape)": (
         dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12, vocab_size=32000),
         1024,

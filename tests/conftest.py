@@ -39,8 +39,8 @@ ATTENTION_LAYOUTS = {
 
 
 @pytest.fixture(scope="session", autouse=True)
-def measured_products_cache(tmp_path_factory):
-    """`minirope-generate`'s measured decoding products keep their decisions in the test run's folder, not in the
+def measured_matmuls_cache(tmp_path_factory):
+    """`minirope-generate`'s measured decoding matmuls keep their decisions in the test run's folder, not in the
     home folder of whoever runs the tests (subprocesses inherit it)."""
     os.environ["MINIROPE_CACHE"] = str(tmp_path_factory.mktemp("minirope-cache"))
 

@@ -48,7 +48,7 @@ def test_speed_benchmark_compares_the_default_model_with_llama(tmp_path):
     command = [sys.executable, str(BENCHMARKS / "bench_speed.py"), "--sizes", "default", "--reps", "1",
                "--skip_compile", "--skip_memory", "--skip_scaling", "--out", str(output),
                "--rows", str(tmp_path / "rows.jsonl")]  # fmt: skip
-    env = {**os.environ, "MINIROPE_CACHE": str(tmp_path)}  # the measured products' decisions stay here
+    env = {**os.environ, "MINIROPE_CACHE": str(tmp_path)}  # the measured matmuls' decisions stay here
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(output.read_text())
@@ -62,7 +62,7 @@ def test_speed_benchmark_compares_the_default_model_with_llama(tmp_path):
     row = json.loads(line)
     assert row["cpu"] == record["cpu"] and row["torch"] == torch.__version__
     assert row["ratios"] == {name: round(case["ratio"], 3) for name, case in cases.items()}
-    assert "greedy decode default fp32 batch 1, measured products" in row["ratios"]
+    assert "greedy decode default fp32 batch 1, measured matmuls" in row["ratios"]
 
 
 @pytest.mark.client

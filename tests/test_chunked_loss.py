@@ -67,7 +67,7 @@ def test_linear_cross_entropy_chunking_does_not_change_the_result():
     expected_grads = torch.autograd.grad(expected, (hidden, weight))
     products = []
 
-    def product(x, w):  # another kernel for the chunks' products (cpu_products passes oneDNN's): same math
+    def product(x, w):  # another kernel for the chunks' products (cpu_matmuls passes oneDNN's): same math
         products.append(tuple(x.shape))
         return torch.mm(x, w.t())
 

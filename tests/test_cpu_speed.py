@@ -1,5 +1,5 @@
-"""CPU speed settings: the model's products are `nn.Linear`'s (Llama's); decoding products move to oneDNN only where
-`use_measured_products` measured it faster on this machine; and the training scripts' allocator setting."""
+"""CPU speed settings: the model's matmuls are `nn.Linear`'s (Llama's); decoding matmuls move to oneDNN only where
+`use_measured_matmuls` measured it faster on this machine; and the training scripts' allocator setting."""
 
 import copy
 import json
@@ -10,11 +10,11 @@ import torch
 from conftest import llama_twin, random_model, tiny_config
 from torch import nn
 
-from minirope import cpu_products
+from minirope import cpu_matmuls
 from minirope.training.arguments import MiniRopeTrainingArguments, reuse_freed_memory
 from minirope.training.trainer import MiniRopeTrainer
 
-needs_onednn = pytest.mark.skipif(not cpu_products.available(), reason="oneDNN linear needs an x86 CPU and mkldnn")
+needs_onednn = pytest.mark.skipif(not cpu_matmuls.available(), reason="oneDNN linear needs an x86 CPU and mkldnn")
 
 
 def ran_on_onednn(run) -> bool:
@@ -36,7 +36,7 @@ def test_the_model_runs_llamas_products():
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIROPE_CACHE", str(tmp_path))
-    return tmp_path / "cpu_products.json"
+    return tmp_path / "cpu_matmuls.json"
 
 
 def fake_timings(monkeypatch, winner: str) -> list:
@@ -47,18 +47,18 @@ def fake_timings(monkeypatch, winner: str) -> list:
         measured.append((in_features, out_features, rows))
         return {"torch_us": 2.0, "onednn_us": 1.0} | {"onednn": winner == "onednn"}
 
-    monkeypatch.setattr(cpu_products, "measure", measure)
+    monkeypatch.setattr(cpu_matmuls, "measure", measure)
     return measured
 
 
 def fake_steps(monkeypatch, faster: bool) -> None:
-    """A whole decoding step 2x faster with the moved products (`faster`), or 2x slower."""
+    """A whole decoding step 2x faster with the moved matmuls (`faster`), or 2x slower."""
 
     def step_seconds(model, rows):
         moved = any(rows in module.__dict__.get("onednn_rows", ()) for module in model.modules())
         return 1.0 if moved == faster else 2.0
 
-    monkeypatch.setattr(cpu_products, "step_seconds", step_seconds)
+    monkeypatch.setattr(cpu_matmuls, "step_seconds", step_seconds)
 
 
 @needs_onednn
@@ -66,7 +66,7 @@ def test_measured_faster_products_move_and_give_the_same_tokens(cache, monkeypat
     model = random_model(tiny_config())
     measured = fake_timings(monkeypatch, "onednn")
     fake_steps(monkeypatch, faster=True)
-    chosen = cpu_products.use_measured_products(model)
+    chosen = cpu_matmuls.use_measured_matmuls(model)
     assert set(chosen) == {name for name, m in model.named_modules() if type(m) is nn.Linear}
     assert len(measured) == 2 * len({(m.in_features, m.out_features) for m in model.modules() if type(m) is nn.Linear})
     layer = model.model.layers[0].mlp.up_proj
@@ -90,27 +90,27 @@ def test_measured_faster_products_move_and_give_the_same_tokens(cache, monkeypat
     assert torch.equal(model.generate(prompt, **settings), llama_twin(model).generate(prompt, **settings))
     # cached for this machine: a second model of the same shapes measures nothing
     saved = json.loads(cache.read_text())
-    assert list(saved) == [cpu_products.machine()] and "torch" in cpu_products.machine()
+    assert list(saved) == [cpu_matmuls.machine()] and "torch" in cpu_matmuls.machine()
     measured.clear()
-    cpu_products.use_measured_products(random_model(tiny_config(), seed=1))
+    cpu_matmuls.use_measured_matmuls(random_model(tiny_config(), seed=1))
     assert measured == []
 
 
 @needs_onednn
 def test_without_timing_only_cached_decisions_apply_and_nothing_is_timed(cache, monkeypatch):
     """`minirope-generate`'s default (`timing=False`): on a fresh cache nothing is timed and nothing moves; once a
-    timed use has cached the products' and the whole step's decisions, an untimed use makes the same choice with no
+    timed use has cached the matmuls' and the whole step's decisions, an untimed use makes the same choice with no
     timing at all (a one-off reply waits for no benchmark)."""
     model = random_model(tiny_config())
     measured = fake_timings(monkeypatch, "onednn")
     steps = []
-    monkeypatch.setattr(cpu_products, "step_seconds", lambda model, rows: steps.append(rows) or 1.0 + len(steps) % 2)
-    assert cpu_products.use_measured_products(model, timing=False) == {} and measured == [] and steps == []
-    timed = cpu_products.use_measured_products(model)
+    monkeypatch.setattr(cpu_matmuls, "step_seconds", lambda model, rows: steps.append(rows) or 1.0 + len(steps) % 2)
+    assert cpu_matmuls.use_measured_matmuls(model, timing=False) == {} and measured == [] and steps == []
+    timed = cpu_matmuls.use_measured_matmuls(model)
     assert measured and steps
     measured.clear()
     steps.clear()
-    assert cpu_products.use_measured_products(random_model(tiny_config(), seed=1), timing=False) == timed
+    assert cpu_matmuls.use_measured_matmuls(random_model(tiny_config(), seed=1), timing=False) == timed
     assert measured == [] and steps == []
 
 
@@ -118,7 +118,7 @@ def test_without_timing_only_cached_decisions_apply_and_nothing_is_timed(cache, 
 def test_products_that_are_not_clearly_faster_stay_on_torch(cache, monkeypatch):
     model = random_model(tiny_config())
     fake_timings(monkeypatch, "torch")
-    assert cpu_products.use_measured_products(model) == {}
+    assert cpu_matmuls.use_measured_matmuls(model) == {}
     layer = model.lm_head
     with torch.no_grad():
         assert not ran_on_onednn(lambda: layer(torch.randn(1, layer.in_features)))
@@ -129,32 +129,32 @@ def test_products_faster_alone_but_not_in_the_whole_step_stay_on_torch(cache, mo
     model = random_model(tiny_config())
     fake_timings(monkeypatch, "onednn")
     fake_steps(monkeypatch, faster=False)
-    assert cpu_products.use_measured_products(model) == {}
+    assert cpu_matmuls.use_measured_matmuls(model) == {}
     assert not any("forward" in module.__dict__ for module in model.modules())  # nothing left moved
 
 
 @needs_onednn
 def test_the_real_measurement_decides_by_the_margin(cache):
     """On this CPU, for real: each decision is oneDNN exactly where its median beats torch's by `MARGIN`."""
-    rows = (*cpu_products.ROWS, cpu_products.TRAINING_ROWS)
-    decisions = cpu_products.decisions({(96, 288), (384, 4096)}, model_mib=8, rows=rows)
+    rows = (*cpu_matmuls.ROWS, cpu_matmuls.TRAINING_ROWS)
+    decisions = cpu_matmuls.decisions({(96, 288), (384, 4096)}, model_mib=8, rows=rows)
     assert len(decisions) == 6
     for name, row in decisions.items():
         assert row["torch_us"] > 0 and row["onednn_us"] > 0
-        assert row["onednn"] == (row["torch_us"] > cpu_products.MARGIN * row["onednn_us"]), name
+        assert row["onednn"] == (row["torch_us"] > cpu_matmuls.MARGIN * row["onednn_us"]), name
     print(json.dumps(decisions, indent=1))
 
 
 @needs_onednn
 def test_measured_training_products_train_as_llama_does(cache, monkeypatch):
-    """Training products moved to oneDNN give Llama's loss and gradients (first and second order), to float32
-    rounding; decoding products and the saved weights are untouched."""
+    """Training matmuls moved to oneDNN give Llama's loss and gradients (first and second order), to float32
+    rounding; decoding matmuls and the saved weights are untouched."""
     model = random_model(tiny_config(), attn="eager").train()  # eager: sdpa has no second derivative on CPU
     measured = fake_timings(monkeypatch, "onednn")
-    chosen = cpu_products.use_measured_products(model, training=True)
+    chosen = cpu_matmuls.use_measured_matmuls(model, training=True)
     linears = {name for name, m in model.named_modules() if type(m) is nn.Linear}
     assert chosen == dict.fromkeys(linears, ["training"])
-    assert {rows for _, _, rows in measured} == {cpu_products.TRAINING_ROWS}
+    assert {rows for _, _, rows in measured} == {cpu_matmuls.TRAINING_ROWS}
     oracle = llama_twin(model).train()
     ids = torch.randint(0, model.config.vocab_size, (2, 12))
     losses, gradients = [], []
@@ -169,10 +169,10 @@ def test_measured_training_products_train_as_llama_does(cache, monkeypatch):
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
     for ours, llamas in zip(*gradients, strict=True):
         torch.testing.assert_close(ours, llamas, rtol=1e-4, atol=1e-5)
-    # the fused loss (`skip_logits`, as MiniRopeTrainer asks for it): the head's chunk products move with the head
-    calls, onednn_linear = [], cpu_products.onednn_linear
+    # the fused loss (`skip_logits`, as MiniRopeTrainer asks for it): the head's chunk matmuls move with the head
+    calls, onednn_linear = [], cpu_matmuls.onednn_linear
     monkeypatch.setattr(
-        cpu_products, "onednn_linear", lambda x, w, b=None: calls.append(w.shape) or onednn_linear(x, w, b)
+        cpu_matmuls, "onednn_linear", lambda x, w, b=None: calls.append(w.shape) or onednn_linear(x, w, b)
     )
     fused = model(ids, labels=ids, skip_logits=True).loss
     params = [p for p in model.parameters() if p.requires_grad]
@@ -184,25 +184,25 @@ def test_measured_training_products_train_as_llama_does(cache, monkeypatch):
     layer = model.model.layers[0].mlp.up_proj
     with torch.no_grad():
         assert not ran_on_onednn(lambda: layer(torch.randn(1, layer.in_features)))  # decoding: not measured here
-        with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 runs: torch's own products
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 runs: torch's own matmuls
             assert not ran_on_onednn(lambda: layer(torch.randn(4, 8, layer.in_features)))
     fake_steps(monkeypatch, faster=True)
-    cpu_products.use_measured_products(model)  # decoding's choice is added, training's kept
+    cpu_matmuls.use_measured_matmuls(model)  # decoding's choice is added, training's kept
     assert layer.onednn_rows == ("training", 1, 8)
 
 
 @needs_onednn
-@pytest.mark.parametrize("flags, moves", [({}, True), ({"measured_products": False}, False), ({"bf16": True}, False)])
+@pytest.mark.parametrize("flags, moves", [({}, True), ({"measured_matmuls": False}, False), ({"bf16": True}, False)])
 def test_the_trainer_moves_training_products_in_float32_eager_cpu_runs_only(cache, monkeypatch, capsys, tmp_path,
                                                                            flags, moves):  # fmt: skip
     fake_timings(monkeypatch, "onednn")
     args = MiniRopeTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], torch_compile=False,
                                      **{"bf16": False} | flags)  # fmt: skip
     trainer = MiniRopeTrainer(model=random_model(tiny_config()), args=args)
-    trainer.use_measured_products()
+    trainer.use_measured_matmuls()
     moved = [name for name, m in trainer.model.named_modules() if "onednn_rows" in m.__dict__]
     assert bool(moved) == moves
-    line = "training products on oneDNN, measured faster on this CPU: 15 of 15 linear layers"
+    line = "training matmuls on oneDNN, measured faster on this CPU: 15 of 15 linear layers"
     assert (line in capsys.readouterr().out) == moves
 
 
@@ -212,7 +212,7 @@ def test_training_keeps_freed_memory_on_glibc():
 
 
 def test_the_speed_measures_leave_the_runs_random_state_alone():
-    """The products timed to choose kernels and precision, and the matmul peak, draw their operands from their own
+    """The matmuls timed to choose kernels and precision, and the matmul peak, draw their operands from their own
     generator: a run that measures (the first of a process; later ones read the cache) starts from the random state
     its seed gave, as a run that does not (two LoRA fine-tunes in one process trained differently before)."""
     from minirope.training.precision import bf16_speedup
@@ -220,7 +220,7 @@ def test_the_speed_measures_leave_the_runs_random_state_alone():
 
     torch.manual_seed(0)
     state = torch.random.get_rng_state()
-    cpu_products.measure(16, 16, 4, 1)
+    cpu_matmuls.measure(16, 16, 4, 1)
     bf16_speedup(torch.device("cpu"))
     matmul_peak_flops(torch.device("cpu"), torch.float32)
     assert torch.equal(torch.random.get_rng_state(), state)

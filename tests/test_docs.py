@@ -58,6 +58,8 @@ PLACEHOLDERS = {
     "NAME": "local-dataset",
     '"your-name/minirope-shakespeare"': '"runs/minirope-shakespeare"',
     "max_steps=100": "max_steps=2",
+    "my-text.txt": "train.txt",
+    "my-chat.jsonl": "data/chat-train.jsonl",
 }
 # Commands not run here: what they start with, and why / which test covers what they do.
 NOT_RUN = {
@@ -219,7 +221,8 @@ def follow(page: Path | str, workspace: Path, name: str = "page") -> None:
                 exec(compile(substitute(code), f"{name} block", "exec"), namespace)
             elif kind == "bash":
                 for command in commands(code):
-                    if not command.startswith(tuple(NOT_RUN)) and not any(flag in command for flag in NOT_RUN_FLAGS):
+                    bare = command.removeprefix(".venv/bin/")  # `.venv/bin/pip install ...` is `pip install ...`
+                    if not bare.startswith(tuple(NOT_RUN)) and not any(flag in command for flag in NOT_RUN_FLAGS):
                         run_command(command, servers, workspace)
 
 
@@ -246,16 +249,43 @@ def test_every_block_of_the_page_runs(page, workspace):
     ],
 )
 def test_a_page_broken_on_purpose_fails(workspace, broken, error):
-    readme = (ROOT / "README.md").read_text()
     with pytest.raises(error):
-        follow(readme.replace("## What it does", broken + "\n\n## What it does"), workspace)
+        follow(f"# A page\n\nSome text.\n\n{broken}\n", workspace)
 
 
-def test_every_relative_link_resolves():
+def anchors(page: Path) -> set[str]:
+    """The `#anchors` GitHub gives the page's headings: lower case, punctuation but `-` and `_` dropped, spaces to
+    `-` (outside code blocks; a repeated heading's `-1`, `-2` forms too)."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    found: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+?)\s*$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        found |= {slug, *(f"{slug}-{n}" for n in range(1, 4))}
+    return found
+
+
+def links(page: Path) -> list[tuple[str, str]]:
+    """The page's relative markdown links as (file, anchor); the file is "" for an anchor on the same page."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    found = re.findall(r"\]\(([^)\s#]*)(?:#([^)\s]*))?\)", text)
+    return [(target, anchor) for target, anchor in found if not target.startswith(("http://", "https://", "mailto:"))]
+
+
+def test_every_relative_link_resolves_to_a_file_and_a_heading():
     for page in PAGES:
-        for target in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
-            if not target.startswith(("http://", "https://")):
-                assert (page.parent / target).exists(), f"{page_id(page)} links to {target}, which does not exist"
+        for target, anchor in links(page):
+            path = (page.parent / target).resolve() if target else page
+            assert path.exists(), f"{page_id(page)} links to {target}, which does not exist"
+            assert not target or path != page.resolve(), f"{page_id(page)} links to itself ({target}): say `#section`"
+            if anchor and path.suffix == ".md":
+                assert anchor in anchors(path), f"{page_id(page)} links to {target}#{anchor}: no such heading"
+
+
+def test_the_link_check_catches_a_missing_heading_and_a_self_link(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# A page\n\n## Bits per byte\n\n[ok](#bits-per-byte) [gone](#bits) [me](page.md)\n")
+    assert "bits-per-byte" in anchors(page) and "bits" not in anchors(page)
+    assert links(page) == [("", "bits-per-byte"), ("", "bits"), ("page.md", "")]
 
 
 def test_the_architecture_page_names_every_module():

@@ -51,7 +51,7 @@ def test_minirope_generate_says_once_when_the_text_reaches_past_the_trained_cont
     the trained length and `minirope-extend`; text that fits gets none (issue 46)."""
     from minirope.commands import generate
 
-    base = ["--model", str(tiny_pretrained), "--measured_products", "False", "--do_sample", "False"]
+    base = ["--model", str(tiny_pretrained), "--measured_matmuls", "False", "--do_sample", "False"]
     generate.run([*base, "--prompt", "ROMEO:", "--max_new_tokens", "4"])
     assert "[minirope] the prompt" not in capsys.readouterr().err
     generate.run([*base, "--prompt", "ROMEO: " * 20, "--max_new_tokens", "4"])
@@ -75,7 +75,7 @@ def test_minirope_generate_chat_prints_the_reply_alone_as_the_template_and_gener
     inputs = tokenizer(text, add_special_tokens=False, return_tensors="pt")
     out = model.generate(**inputs, max_new_tokens=6, do_sample=False)
     reply = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-    generate.run(["--model", str(tiny_pretrained), "--measured_products", "False", "--do_sample", "False", "--chat",
+    generate.run(["--model", str(tiny_pretrained), "--measured_matmuls", "False", "--do_sample", "False", "--chat",
                   "--system", "Speak verse.", "--prompt", "Who goes there?", "--max_new_tokens", "6"])  # fmt: skip
     printed = capsys.readouterr().out
     assert printed.strip() == reply.strip() and "Who goes there?" not in printed and "Speak verse." not in printed

@@ -15,7 +15,7 @@ import torch
 from conftest import TINY_RUN
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
-from minirope import MiniRopeConfig, MiniRopeForCausalLM, cpu_products
+from minirope import MiniRopeConfig, MiniRopeForCausalLM, cpu_matmuls
 from minirope.commands import pretrain
 from minirope.training.throughput import training_flops_per_token
 
@@ -181,7 +181,7 @@ def test_generate_cli_streams_text(tiny_run):
             "5",
             "--seed",
             "3",
-            "--measured_products",
+            "--measured_matmuls",
             "True",
         ],
         capture_output=True,
@@ -190,8 +190,8 @@ def test_generate_cli_streams_text(tiny_run):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ROMEO:") and len(result.stdout.strip()) > len("ROMEO:")
-    if cpu_products.available():  # the measured kernel choice (timed where missing) is said, apart from the text
-        assert "[minirope] products on oneDNN, measured faster on this CPU: decoding " in result.stderr
+    if cpu_matmuls.available():  # the measured kernel choice (timed where missing) is said, apart from the text
+        assert "[minirope] matmuls on oneDNN, measured faster on this CPU: decoding " in result.stderr
 
 
 def test_generate_cli_fails_clearly_on_a_missing_model(tmp_path):

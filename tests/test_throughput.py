@@ -100,7 +100,7 @@ def test_matmul_peak_grows_the_product_until_the_rate_stops_rising(monkeypatch):
 
 
 def test_precision_and_compile_defaults_follow_the_bf16_measurement(monkeypatch):
-    """`--bf16` unset: bf16 where its products are `BF16_MARGIN` times faster or more; `--torch_compile`
+    """`--bf16` unset: bf16 where its matmuls are `BF16_MARGIN` times faster or more; `--torch_compile`
     (pretraining) follows it; the choice comes with the line that says why."""
     from minirope.commands import pretrain
     from minirope.training import precision
@@ -110,7 +110,7 @@ def test_precision_and_compile_defaults_follow_the_bf16_measurement(monkeypatch)
         args = pretrain.parse_args(["--use_cpu", "True"])[2]
         assert (args.bf16, args.torch_compile) == (bf16, bf16)
         assert args.precision_line.startswith(
-            f"precision: {'bf16' if bf16 else 'float32'} (bf16 products {speedup:.2g}x"
+            f"precision: {'bf16' if bf16 else 'float32'} (bf16 matmuls {speedup:.2g}x"
         )
     explicit = pretrain.parse_args(["--bf16", "True", "--torch_compile", "False"])[2]
     assert (explicit.bf16, explicit.torch_compile, explicit.precision_line) == (True, False, None)

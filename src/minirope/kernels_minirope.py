@@ -4,7 +4,7 @@
 
 Kept apart from `modeling_minirope.py` (which reads like the paper) and shipped beside it as remote code:
 `save_pretrained` copies this file with the model file, so a folder loaded with `trust_remote_code=True`
-computes the same loss where minirope is not installed. The model's own products are `nn.Linear`'s, exactly
+computes the same loss where minirope is not installed. The model's own matmuls are `nn.Linear`'s, exactly
 Llama's; the loss gives the value and gradients of transformers' `ForCausalLMLoss` (float32 rounding differences
 only).
 
@@ -24,12 +24,12 @@ class LinearCrossEntropy(torch.autograd.Function):
     logits give the loss and, at once, their gradient `softmax - one_hot(target)` (scaled by 1 / count),
     which is multiplied into the gradients of `hidden` and `weight` and dropped; `backward` only scales those
     by the incoming gradient. The weight's gradient is one float32 `(V, D)` accumulator, added to inside the
-    product (`addmm_`) in float32. Under autocast the three matrix products run in the autocast dtype, as
+    product (`addmm_`) in float32. Under autocast the three matrix multiplications run in the autocast dtype, as
     `nn.Linear` and its backward would, and each chunk's product is added to the accumulator. Same approach as
     Liger Kernel's fused linear cross-entropy.
 
-    The three products are torch's `@` unless `product` is given: a function `(x, w) -> x @ w.T` (the same math,
-    another kernel: `minirope.cpu_products` passes oneDNN's where this machine measured it faster); each chunk's
+    The three matmuls are torch's `@` unless `product` is given: a function `(x, w) -> x @ w.T` (the same math,
+    another kernel: `minirope.cpu_matmuls` passes oneDNN's where this machine measured it faster); each chunk's
     weight-gradient product is then added to the accumulator.
 
     Args (of `apply`): hidden `(N, D)`; weight `(V, D)`; targets `(N,)` int64 in `[0, V)` or -100;
@@ -76,7 +76,7 @@ class LinearCrossEntropy(torch.autograd.Function):
                 continue
             if grad_weight.dtype == dtype and product is None:  # inside the product: no (V, D) temporary
                 grad_weight.addmm_(grad_logits.T, compute_hidden[rows])
-            else:  # bfloat16 products into the float32 accumulator (mixed-dtype addmm has no CPU kernel)
+            else:  # bfloat16 matmuls into the float32 accumulator (mixed-dtype addmm has no CPU kernel)
                 grad_weight += matmul_nt(grad_logits.T, compute_hidden[rows].T)
         ctx.save_for_backward(grad_hidden, grad_weight)
         return loss
@@ -103,7 +103,7 @@ def fused_causal_lm_loss(
     fuses the head and the loss itself. The caller then computes logits and the loss from them.
 
     A head may carry its own product kernel as `lm_head.loss_product` (`(x, w) -> x @ w.T`; set by
-    `minirope.cpu_products` where this machine measured oneDNN faster, absent otherwise): the chunks use it.
+    `minirope.cpu_matmuls` where this machine measured oneDNN faster, absent otherwise): the chunks use it.
     """
     fusable = type(lm_head) is nn.Linear and lm_head.bias is None
     if not fusable or torch.compiler.is_compiling():
@@ -182,7 +182,7 @@ def chunked_causal_lm_loss(
     `(x, w) -> x @ w.T` kernel, or None for torch's `@` (`LinearCrossEntropy`).
     Returns: the scalar float32 loss, in nats per counted target (or summed / `num_items_in_batch`).
 
-    Rows per chunk from `loss_chunk_rows`: enough for compute-bound matrix products at any vocabulary size.
+    Rows per chunk from `loss_chunk_rows`: enough for compute-bound matrix multiplications at any vocabulary size.
     """
     if shift_labels is None:
         shift_labels = nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]

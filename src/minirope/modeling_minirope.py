@@ -12,7 +12,7 @@ d head_dim, D hidden_size, V vocab_size.
 This file reads like the paper: RoPE itself is in `rotary_minirope.py`, the fused loss and Llama's shared eager
 attention (`repeat_kv`, `eager_attention_forward`) in `kernels_minirope.py`,
 the loading rules in `loading_minirope.py`, the cache keyword of the installed transformers (`cache`, formerly
-`past_key_values`) in `compat_minirope.py`. Its products are `nn.Linear`'s, exactly Llama's. It imports only torch,
+`past_key_values`) in `compat_minirope.py`. Its matmuls are `nn.Linear`'s, exactly Llama's. It imports only torch,
 transformers and those files, so that `save_pretrained` ships all of them as remote code.
 """
 

@@ -13,6 +13,7 @@ export. Each target is written next to its final path and moved there only once 
 failed export leaves nothing half-written; an existing output is replaced only with `--overwrite`.
 """
 
+import importlib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,10 @@ class ExportArguments:
     )  # fmt: skip
 
 
+# The optional packages each target imports (the `export` and `executorch` extras), imported before the model is read.
+TARGET_PACKAGES = {"gguf": ("gguf",), "onnx": ("onnx", "onnxscript"), "executorch": ("executorch",)}
+
+
 def run(argv: list[str] | None = None) -> Path:
     """Parse `argv` (default: the command line), write the export and return its path.
 
@@ -86,6 +91,8 @@ def run(argv: list[str] | None = None) -> Path:
         raise ValueError(f"--outtype {args.outtype} is not one of {', '.join(outtypes)} for --format {args.format}.")
     if args.max_cache_len is not None and args.format != "executorch":
         raise ValueError(f"--max_cache_len applies to --format executorch only: drop it for {args.format}.")
+    for package in TARGET_PACKAGES.get(args.format, ()):  # a missing one is one line (run_cli), before any work
+        importlib.import_module(package)
     model = args.model if looks_local(args.model) else None
     check_output(args.output, "--output", {"--model": model}, folder=args.format != "gguf")
     check_export_output(args.output, "--output", args.overwrite, {"--model": model})

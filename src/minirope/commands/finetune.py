@@ -256,6 +256,8 @@ def run(argv: list[str] | None = None) -> dict:
     inputs = lambda model_args, *_: {"--model_name_or_path": model_args.model_name_or_path}  # noqa: E731
     model_args, lora_args, data_args, training_args, start = start_run(dataclasses, argv, inputs)
     note_old_names(sys.argv[1:] if argv is None else argv)
+    if lora_args.use_peft:  # the `peft` extra: a missing one is one line (run_cli), before the model is read
+        import peft  # noqa: F401
     with trimmed_training(training_args.device.type == "cpu", training_args.heap_trim_seconds):
         return fine_tune(model_args, lora_args, data_args, training_args, start)
 

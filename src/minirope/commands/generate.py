@@ -16,7 +16,7 @@ import torch
 from transformers import HfArgumentParser, TextStreamer, set_seed
 
 from minirope.commands import run_cli
-from minirope.cpu_products import use_measured_products
+from minirope.cpu_matmuls import use_measured_matmuls
 from minirope.folders import ModelArguments, load_causal_lm
 
 
@@ -38,13 +38,13 @@ class GenerateArguments:
     top_k: int | None = field(default=None, metadata={"help": "Sample from the k most likely tokens."})
     top_p: float | None = field(default=None, metadata={"help": "Nucleus sampling mass."})
     seed: int = field(default=0, metadata={"help": "Random seed, for reproducible samples."})
-    measured_products: bool | None = field(
+    measured_matmuls: bool | None = field(
         default=None,
         metadata={
-            "help": "On a CPU, run the decoding and prompt products on oneDNN where this machine measured it faster "
-            "than torch's default (minirope.cpu_products). Default: only where the timings are already cached for "
+            "help": "On a CPU, run the decoding and prompt matmuls on oneDNN where this machine measured it faster "
+            "than torch's default (minirope.cpu_matmuls). Default: only where the timings are already cached for "
             "this CPU and model shape (nothing is timed before a reply); True: time what is missing first (seconds "
-            "to a minute, once per CPU and shape, cached); False: torch's products, as Llama's."
+            "to a minute, once per CPU and shape, cached); False: torch's matmuls, as Llama's."
         },
     )
 
@@ -74,18 +74,18 @@ class GenerateArguments:
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
-def measured_products(model, timing: bool) -> None:
-    """`use_measured_products` on a CPU model, for the decoding steps' products and for the prompt's (more than 8
+def measured_matmuls(model, timing: bool) -> None:
+    """`use_measured_matmuls` on a CPU model, for the decoding steps' matmuls and for the prompt's (more than 8
     rows: the decision timed for training), saying what it chose (on stderr, apart from the text); without `timing`
     from the cache alone (a one-off reply waits for no benchmark)."""
     if model.device.type != "cpu":
         return
-    decoding = use_measured_products(model, timing=timing)
-    prompt = use_measured_products(model, training=True, timing=timing)
+    decoding = use_measured_matmuls(model, timing=timing)
+    prompt = use_measured_matmuls(model, training=True, timing=timing)
     if timing or decoding or prompt:
         total = sum(type(module) is torch.nn.Linear for module in model.modules())
-        print(f"[minirope] products on oneDNN, measured faster on this CPU: decoding {len(decoding)}, prompt "
-              f"{len(prompt)} of {total} linear layers (--measured_products False: none)", file=sys.stderr)  # fmt: skip
+        print(f"[minirope] matmuls on oneDNN, measured faster on this CPU: decoding {len(decoding)}, prompt "
+              f"{len(prompt)} of {total} linear layers (--measured_matmuls False: none)", file=sys.stderr)  # fmt: skip
 
 
 def context_notice(config, prompt_tokens: int, max_new_tokens: int) -> str | None:
@@ -111,8 +111,8 @@ def run(argv: list[str] | None = None) -> None:
     """
     model_args, args = HfArgumentParser((ModelArguments, GenerateArguments)).parse_args_into_dataclasses(args=argv)
     model, tokenizer = load_causal_lm(model_args)
-    if args.measured_products is not False:
-        measured_products(model, timing=bool(args.measured_products))
+    if args.measured_matmuls is not False:
+        measured_matmuls(model, timing=bool(args.measured_matmuls))
     set_seed(args.seed)
     inputs = model_inputs(tokenizer, args, model.device)
     notice = context_notice(model.config, inputs["input_ids"].shape[1], args.max_new_tokens)

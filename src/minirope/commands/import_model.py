@@ -116,7 +116,7 @@ def check_source(args: ImportArguments):
     check_fits(config, args.source, DTYPES[args.dtype])
     if getattr(config, "pretraining_tp", 1) not in (None, 1):
         raise ValueError(
-            f"{args.source} sets pretraining_tp {config.pretraining_tp}: minirope computes its products whole; set it "
+            f"{args.source} sets pretraining_tp {config.pretraining_tp}: minirope computes its matmuls whole; set it "
             f"to 1 in the config (the same function) and import again."
         )
     return config

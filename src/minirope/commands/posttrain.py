@@ -21,7 +21,6 @@ completions and, where there is validation text, its bits per byte; they go to t
 """
 
 import importlib
-import importlib.util
 import json
 from collections import Counter
 
@@ -37,8 +36,6 @@ def run(argv: list[str] | None = None) -> dict:
     Raises:
         ValueError, OSError: bad flags, model or teacher folder, rewards or data; nothing is written.
     """
-    if importlib.util.find_spec("trl") is None:
-        raise ValueError("minirope-posttrain runs TRL's trainers: install them with `pip install minirope[trl]`.")
     from minirope.posttraining.parsing import parse_args, settings
     from minirope.posttraining.time_split import TimeSplit
 

@@ -364,7 +364,7 @@ def speed_lines(summary: dict, speed: dict, flops_per_token: float, tokens: int)
             f"training speed (per process, median step after warm-up): {speed['step_seconds']:.3f} s/step, "
             f"{speed['tokens_per_second']:,.0f} tokens/s, {speed['model_tflops'] * 1e3:.0f} model GFLOP/s = MFU "
             f"{speed['mfu']:.1%} of the {speed['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s {speed['matmul_peak_dtype']} "
-            f"matmul peak measured in this run ({speed['matmul_peak_size']}-square products, the size where the "
+            f"matmul peak measured in this run ({speed['matmul_peak_size']}-square matmuls, the size where the "
             f"rate stopped rising; best of before and after training)"
         )
     lines.append(
@@ -372,7 +372,7 @@ def speed_lines(summary: dict, speed: dict, flops_per_token: float, tokens: int)
         f"{flops_per_token / 1e6:.1f} MFLOPs each: the same on every machine) in "
         f"{summary['train_seconds']:.0f} s of training (evaluation and checkpoints left out); x the "
         f"{summary['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s matmul peak = {summary['budget_gflop_seconds']:,} GFLOP-s "
-        f"(this machine's figure: a small model fills a fast CPU's products less well)"
+        f"(this machine's figure: a small model fills a fast CPU's matmuls less well)"
     )
     return lines
 

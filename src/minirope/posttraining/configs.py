@@ -79,7 +79,7 @@ class PosttrainModelConfig(ModelConfig):
         return {key: value for key, value in kwargs.items() if value is not None}
 
 
-# Why post-training stays in float32 on a CPU whose bf16 products are faster (2-core Zen 5 with AVX512_BF16, 2026-11-30;
+# Why post-training stays in float32 on a CPU whose bf16 matmuls are faster (2-core Zen 5 with AVX512_BF16, 2026-11-30;
 # docs/studies/user_tasks.md, "bf16 or float32 on a CPU"): SmolLM2-135M with LoRA on docs/pretrained.md's
 # largest-of-three task gained +18.5/+22.0/+7.0 points in bf16 on seeds 1-3 against float32's +38.0/+25.5/+39.5
 # (float32 logits or float32 LoRA sums did not close it); 0.42M models' `reverse` and `max` tasks gained as much or
@@ -90,7 +90,7 @@ POSTTRAINING_FLOAT32 = "GRPO learned less in bf16, or no more in more time (docs
 @dataclass
 class CpuDefaults(TokenNotSaved):
     """Defaults every method's TRL config takes here: float32 on a CPU (`POSTTRAINING_FLOAT32`: bf16 learned less,
-    even where its products run faster; the line `precision_line` holds gives their measured speed), bf16 on a GPU
+    even where its matmuls run faster; the line `precision_line` holds gives their measured speed), bf16 on a GPU
     that supports it (`decide_bf16`; TRL's own default is bf16 everywhere, emulated and slow on CPUs without
     AVX512_BF16; on an H200 it needs cuDNN's attention off: `minirope.training.precision.avoid_cudnn_attention`), no
     checkpoints (runs of minutes), a log line every 10 steps, no activation checkpointing (a model this small has
@@ -103,7 +103,7 @@ class CpuDefaults(TokenNotSaved):
         metadata={
             "help": "bf16 mixed precision for the method, the warm start and the measures. Default: on a GPU that "
             "supports it; float32 on a CPU, where GRPO learned less in bf16 (or no more, slower) even where its "
-            "products run faster (their speed is timed at start and printed; docs/studies/user_tasks.md)."
+            "matmuls run faster (their speed is timed at start and printed; docs/studies/user_tasks.md)."
         },
     )
     use_cpu: bool | None = field(

@@ -2,7 +2,7 @@
 generates (the held-out measures; GRPO's rollouts and distillation's on-policy completions where LoRA has no
 dropout, `--lora_dropout 0`) and unmerged before the next gradient.
 
-Unmerged, every LoRA layer of a decoding step runs three products instead of one (the base's, `x @ A.T`, then
+Unmerged, every LoRA layer of a decoding step runs three matmuls instead of one (the base's, `x @ A.T`, then
 `@ B.T`), a dropout and a sum, a few more kernel launches per layer per token: with LoRA on SmolLM2-135M's 210
 linear layers a batch-16 rollout took 214-236 ms a token against 161-178 ms for the model without its adapter
 (2-core Zen 3, float32; docs/studies/posttrain_speed.md). Merged, the layers compute `x @ (W + s B A).T`, the same
@@ -62,7 +62,7 @@ def merged_adapter(model):
     that dropout changed what GRPO learned: on docs/pretrained.md's largest-of-three task with SmolLM2, seeds 1 and 2
     gained +7.5 and +18.5 points on 200 other problems against +38.0 and +25.5 with it).
 
-    Merged, the model computes the same function (a product of the summed weight instead of the sum of the products:
+    Merged, the model computes the same function (a product of the summed weight instead of the sum of the matmuls:
     float32 rounding differences only; the greedy tokens of SmolLM2-135M with a random adapter were all equal).
     After unmerging, each base weight is back within float32 rounding of where it was (relative 1.3e-7 after 200
     merges of a moving adapter on SmolLM2).

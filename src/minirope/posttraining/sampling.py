@@ -130,7 +130,7 @@ def sample(
     as make at most `batch` sequences, each read once for all its completions (`shared_prefill`). A completion ends
     at its first end-of-sequence token, which its token ids keep and its text (decoded without special tokens) does
     not; conversational prompts get conversational completions (`[{"role": "assistant", "content": text}]`): all as
-    TRL's `GRPOTrainer` gives them to rewards. On a CPU with native bf16 products (2-core Zen 5), a bf16 run's
+    TRL's `GRPOTrainer` gives them to rewards. On a CPU with native bf16 matmuls (2-core Zen 5), a bf16 run's
     measures take 0.5-0.75x float32's time on SmolLM2 (docs/studies/posttrain_speed.md).
 
     A LoRA model samples on its merged adapter (`merged_adapter`). On several processes (DDP: `accelerate launch`,

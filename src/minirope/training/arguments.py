@@ -1,6 +1,6 @@
 """The training commands' `TrainingArguments`, how command lines are parsed, and what every run does first.
 
-Defaults decided for the machine at hand, each by measurement: bf16 where bf16 matrix products are clearly faster
+Defaults decided for the machine at hand, each by measurement: bf16 where bf16 matrix multiplications are clearly faster
 than float32 ones (`choose_bf16`), `torch.compile` where bf16 runs, eager attention where a CPU run compiles, and glibc
 keeping freed memory for the next step (`reuse_freed_memory`).
 """
@@ -69,19 +69,19 @@ class MiniRopeTrainingArguments(TokenNotSaved, TrainingArguments):
     bf16: bool | None = field(
         default=None,
         metadata={
-            "help": "bf16 mixed precision. Default: on where bf16 matrix products run 1.5x faster than float32 ones "
+            "help": "bf16 mixed precision. Default: on where bf16 matmuls run 1.5x faster than float32 ones "
             "or more (timed at start, printed; see minirope.training.precision.choose_bf16), else float32."
         },
     )
     use_cpu: bool | None = field(
         default=None, metadata={"help": "Train on the CPU. Default: only where there is no GPU or accelerator."}
     )
-    measured_products: bool = field(
+    measured_matmuls: bool = field(
         default=True,
         metadata={
-            "help": "In a float32 eager run on a CPU: the products of more than 8 rows on oneDNN wherever this "
+            "help": "In a float32 eager run on a CPU: the matmuls of more than 8 rows on oneDNN wherever this "
             "machine measures it faster than torch's default (timed once per CPU and weight shape, cached, printed; "
-            "minirope.cpu_products). False: torch's products, as Llama's."
+            "minirope.cpu_matmuls). False: torch's matmuls, as Llama's."
         },
     )
     optim_hidden: str = field(default="adamw", metadata={"help": OPTIM_HIDDEN_HELP})
@@ -163,7 +163,7 @@ class MiniRopeTrainingArguments(TokenNotSaved, TrainingArguments):
         """`--attn_implementation`, or the default: `eager` for a compiled model on CPU, else `sdpa`.
 
         Measured on 2-core CPUs: compiled in bf16 (16 x 256 tokens, AVX-512 BF16), 0.32 s a step with eager
-        attention (matrix products plus a softmax Inductor fuses) against 0.43 s with PyTorch's CPU
+        attention (matrix multiplications plus a softmax Inductor fuses) against 0.43 s with PyTorch's CPU
         flash-attention kernel behind `sdpa`; in eager float32 (the default pretraining step, 8 x 256 tokens, AVX2),
         116.7 ms a step with `sdpa` against 119.2 ms with eager (medians of 10 alternating rounds of 25 steps;
         2 % faster). Same function: `tests/test_model_conformance.py` checks eager = sdpa.

@@ -1,4 +1,4 @@
-"""bf16 or float32 for a run: decided by timing training-shaped matrix products of both on the running machine
+"""bf16 or float32 for a run: decided by timing training-shaped matrix multiplications of both on the running machine
 (`choose_bf16`), the same decision every run on a given CPU, printed with its figures."""
 
 import contextlib
@@ -6,7 +6,7 @@ import time
 
 import torch
 
-# bf16 is chosen on a CPU only where its products beat float32's by this factor: a CPU with native bf16
+# bf16 is chosen on a CPU only where its matmuls beat float32's by this factor: a CPU with native bf16
 # (AVX512_BF16, AMX) measures 2-6x, one without emulates it 100x or more slower.
 BF16_MARGIN = 1.5
 
@@ -15,7 +15,7 @@ PRECISION_SHAPE = (1024, 256, 768)  # rows x inner x out: a decoder product of a
 
 
 def bf16_speedup(device: torch.device) -> float | None:
-    """How many times faster bf16 matrix products run than float32 ones on `device` (a CPU), or None elsewhere.
+    """How many times faster bf16 matrix multiplications run than float32 ones on `device` (a CPU), or None elsewhere.
 
     Times a `PRECISION_SHAPE` product in each dtype, alternating, for `PRECISION_ROUNDS` rounds on one thread, and
     compares the fastest of each: the kernels' own speed, which another process busy on the same cores (a shared
@@ -67,7 +67,7 @@ def choose_bf16(device: torch.device, cpu_float32: str | None = None) -> tuple[b
         return False, f"precision: float32 (the default on {device.type})"
     bf16 = speedup >= BF16_MARGIN
     return bf16, (
-        f"precision: {'bf16' if bf16 else 'float32'} (bf16 products {speedup:.2g}x float32's on this CPU; bf16 from "
+        f"precision: {'bf16' if bf16 else 'float32'} (bf16 matmuls {speedup:.2g}x float32's on this CPU; bf16 from "
         f"{BF16_MARGIN}x; --bf16 True/False decides instead)"
     )
 

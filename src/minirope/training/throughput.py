@@ -8,7 +8,7 @@ the model FLOPs are counted as in PaLM (Chowdhery et al. 2022, appendix B): per 
 
     6 * N  +  12 * L * H * d * T
 
-N = the weights used in matrix products (every Linear, `lm_head` included, the embedding lookup not),
+N = the weights used in matrix multiplications (every Linear, `lm_head` included, the embedding lookup not),
 L layers, H query heads of size d, T tokens per sequence (attention counted over the full T x T square,
 the usual convention even though causal attention skips about half of it).
 """
@@ -19,7 +19,7 @@ import time
 import torch
 from transformers import TrainerCallback
 
-from minirope import MiniRopeConfig, cpu_products
+from minirope import MiniRopeConfig, cpu_matmuls
 
 
 def training_flops_per_token(config: MiniRopeConfig, seq_len: int) -> float:
@@ -32,17 +32,17 @@ def training_flops_per_token(config: MiniRopeConfig, seq_len: int) -> float:
 
 
 def matmul_seconds(size: int, device: torch.device, dtype: torch.dtype, repeats: int) -> float:
-    """Seconds of the fastest of `repeats` `(size, size) @ (size, size)` products of `dtype` on `device`; for float32
-    on a CPU, the faster of torch's default kernel and oneDNN's (the training products of `--measured_products`)."""
+    """Seconds of the fastest of `repeats` `(size, size) @ (size, size)` matmuls of `dtype` on `device`; for float32
+    on a CPU, the faster of torch's default kernel and oneDNN's (the training matmuls of `--measured_matmuls`)."""
     generator = torch.Generator(device=device).manual_seed(0)  # the run's own random state is left as it was
     a = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
     b = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
-    synchronize = torch.accelerator.synchronize if device.type != "cpu" else lambda: None  # CPU products are done
-    products = [torch.matmul]
-    if device.type == "cpu" and dtype == torch.float32 and cpu_products.available():
-        products.append(lambda a, b: cpu_products.onednn_linear(a, b.T))
+    synchronize = torch.accelerator.synchronize if device.type != "cpu" else lambda: None  # CPU matmuls are done
+    matmuls = [torch.matmul]
+    if device.type == "cpu" and dtype == torch.float32 and cpu_matmuls.available():
+        matmuls.append(lambda a, b: cpu_matmuls.onednn_linear(a, b.T))
     best = float("inf")
-    for product in products:
+    for product in matmuls:
         for _ in range(repeats + 1):  # the first one warms up
             synchronize()
             start = time.perf_counter()
@@ -59,9 +59,9 @@ def matmul_peak_flops(
     sizes: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384),
     long_enough: float = 0.1,
 ) -> tuple[float, int]:
-    """The device's matrix-product rate, measured at a size that fills it: FLOP/s and the `size` it was reached at.
+    """The device's matmul rate, measured at a size that fills it: FLOP/s and the `size` it was reached at.
 
-    Square products of growing `sizes` until the rate stops rising (by less than 5 % from one size to the
+    Square matmuls of growing `sizes` until the rate stops rising (by less than 5 % from one size to the
     next) or one product takes `long_enough` seconds: a small product does not fill a large device (on an
     H200, 2048 x 2048 bf16 ran at 440 TFLOP/s, 8192 x 8192 at 775), while on a 2-core CPU 2048 x 2048 already
     takes 0.25 s. Returns the best rate seen and its size.

@@ -10,7 +10,7 @@ import torch
 from transformers import SchedulerType, Trainer, TrainerCallback, default_data_collator
 from transformers.trainer_utils import unwrap_peft_model
 
-from minirope.cpu_products import use_measured_products
+from minirope.cpu_matmuls import use_measured_matmuls
 from minirope.data.stream import BlockStream
 from minirope.output.folder import OwnFolder
 from minirope.owned import write_atomic
@@ -70,25 +70,25 @@ class MiniRopeTrainer(OwnFolder, Trainer):
         Raises:
             ValueError: resuming a stream from a checkpoint that holds no stream position.
         """
-        self.use_measured_products()
+        self.use_measured_matmuls()
         if self.stream_position is not None and isinstance(resume_from_checkpoint, str):
             self.stream_position.resume_state = read_stream_state(resume_from_checkpoint)
             self.args.ignore_data_skip = True
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
-    def use_measured_products(self) -> None:
-        """With `--measured_products` (minirope's arguments) in a float32 eager CPU run, the model's products of
-        more than 8 rows on oneDNN where this machine measured it faster (`minirope.cpu_products`), said in one
-        line. Autocast (bf16) and compiled products keep torch's path whatever is chosen."""
+    def use_measured_matmuls(self) -> None:
+        """With `--measured_matmuls` (minirope's arguments) in a float32 eager CPU run, the model's matmuls of
+        more than 8 rows on oneDNN where this machine measured it faster (`minirope.cpu_matmuls`), said in one
+        line. Autocast (bf16) and compiled matmuls keep torch's path whatever is chosen."""
         args = self.args
-        if not getattr(args, "measured_products", False) or args.device.type != "cpu":
+        if not getattr(args, "measured_matmuls", False) or args.device.type != "cpu":
             return
         if args.bf16 or args.fp16 or args.torch_compile:
             return
-        chosen = use_measured_products(self.model, training=True)
+        chosen = use_measured_matmuls(self.model, training=True)
         total = sum(type(module) is torch.nn.Linear for module in self.model.modules())
-        print(f"[minirope] training products on oneDNN, measured faster on this CPU: {len(chosen)} of {total} "
-              f"linear layers (--measured_products False: none)")  # fmt: skip
+        print(f"[minirope] training matmuls on oneDNN, measured faster on this CPU: {len(chosen)} of {total} "
+              f"linear layers (--measured_matmuls False: none)")  # fmt: skip
 
     def create_optimizer(self, model=None):
         """`Trainer.create_optimizer`; with `--optim_hidden muon`, `MuonWithAdamW` (Muon with `--muon_momentum` for

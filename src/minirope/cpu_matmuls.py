@@ -1,29 +1,29 @@
-"""Products on oneDNN where this machine measures them faster: opt-in, decided per weight shape.
+"""Matmuls on oneDNN where this machine measures them faster: opt-in, decided per weight shape.
 
-On x86 CPUs torch sends float32 products to MKL. oneDNN (the kernel library behind torch's bf16 products) can be
+On x86 CPUs torch sends float32 matmuls to MKL. oneDNN (the kernel library behind torch's bf16 matmuls) can be
 faster or slower, by a wide margin either way, depending on the CPU, the thread count, the weight's shape and the
-rows: a decoding step's few-row products MKL runs on one thread, oneDNN on all (but ~20 us more per call); a training
-step's products MKL ran at ~200 GFLOP/s on a 2-core AVX-512 AMD EPYC and oneDNN at ~450 (docs/performance.md), while
-on an Intel Sapphire Rapids oneDNN was the slower. So nothing here is decided by a rule: `use_measured_products(model)`
+rows: a decoding step's few-row matmuls MKL runs on one thread, oneDNN on all (but ~20 us more per call); a training
+step's matmuls MKL ran at ~200 GFLOP/s on a 2-core AVX-512 AMD EPYC and oneDNN at ~450 (docs/performance.md), while
+on an Intel Sapphire Rapids oneDNN was the slower. So nothing here is decided by a rule: `use_measured_matmuls(model)`
 times both kernels on this machine for each of the model's weight shapes, keeps oneDNN only where its median wins by
 `MARGIN`, and caches the per-shape decisions per CPU model, torch version and thread count in
-`~/.cache/minirope/cpu_products.json` (`MINIROPE_CACHE` moves it), outside any model folder. Two uses:
+`~/.cache/minirope/cpu_matmuls.json` (`MINIROPE_CACHE` moves it), outside any model folder. Two uses:
 
-- decoding (`use_measured_products(model)`, which `minirope-generate` applies): products of 1 and of 2-8 rows, each
+- decoding (`use_measured_matmuls(model)`, which `minirope-generate` applies): matmuls of 1 and of 2-8 rows, each
   weight timed among as many bytes of weights as the model has, and kept only where the model's whole one-token
   step is then faster by `STEP_MARGIN`;
-- training (`use_measured_products(model, training=True)`, which the minirope commands apply to a float32 eager CPU
-  run): products of more than 8 rows, forward and both backward products, timed at `TRAINING_ROWS` rows; a head
-  that moves takes the fused loss's three chunk products with it (`loss_product`).
+- training (`use_measured_matmuls(model, training=True)`, which the minirope commands apply to a float32 eager CPU
+  run): matmuls of more than 8 rows, forward and both backward matmuls, timed at `TRAINING_ROWS` rows; a head
+  that moves takes the fused loss's three chunk matmuls with it (`loss_product`).
 
-A chosen `nn.Linear` keeps its parameters and state-dict keys; only products of plain float32 CPU tensors outside
+A chosen `nn.Linear` keeps its parameters and state-dict keys; only matmuls of plain float32 CPU tensors outside
 autocast, tracing and compiling change kernel: the same product, summed in another order (float32 rounding
 differences only), with the gradients of `nn.functional.linear`. Everything else stays on `nn.Linear`'s path. The
-model files that `save_pretrained` ships know nothing of this: a saved folder computes exactly Llama's products.
+model files that `save_pretrained` ships know nothing of this: a saved folder computes exactly Llama's matmuls.
 
     model = AutoModelForCausalLM.from_pretrained(path)
-    print(use_measured_products(model))      # {'model.layers.0.mlp.up_proj': ['1 row'], ...}
-    model.generate(...)                      # the chosen decoding products on oneDNN
+    print(use_measured_matmuls(model))      # {'model.layers.0.mlp.up_proj': ['1 row'], ...}
+    model.generate(...)                      # the chosen decoding matmuls on oneDNN
 """
 
 import json
@@ -41,13 +41,13 @@ from torch import nn
 MARGIN = 1.2  # a product moves to oneDNN only where its median is this many times faster
 STEP_MARGIN = 1.05  # ... and only if the model's whole decoding step is then this many times faster
 REPS = 9
-ROWS = (1, 8)  # batch-1 and batch-8 decoding; products of up to 8 rows take the 8-row decision
-TRAINING_ROWS = 1024  # products of more rows (training, prefill, evaluation) take the decision timed at this many
+ROWS = (1, 8)  # batch-1 and batch-8 decoding; matmuls of up to 8 rows take the 8-row decision
+TRAINING_ROWS = 1024  # matmuls of more rows (training, prefill, evaluation) take the decision timed at this many
 TRAINING = "training"
 
 
 def available() -> bool:
-    """Whether this torch can run float32 products on oneDNN here: an x86 CPU and torch built with mkldnn."""
+    """Whether this torch can run float32 matmuls on oneDNN here: an x86 CPU and torch built with mkldnn."""
     return platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
 
 
@@ -57,9 +57,9 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 class OneDnnLinear(torch.autograd.Function):
-    """`nn.functional.linear` with the forward and both backward products on oneDNN.
+    """`nn.functional.linear` with the forward and both backward matmuls on oneDNN.
 
-    Under `create_graph=True` (a gradient of a gradient) the backward products use `nn.functional.linear`, which
+    Under `create_graph=True` (a gradient of a gradient) the backward matmuls use `nn.functional.linear`, which
     autograd can differentiate again; the oneDNN op has no derivative of its own.
     """
 
@@ -102,7 +102,7 @@ def machine() -> str:
 
 
 def cache_path() -> Path:
-    return Path(os.environ.get("MINIROPE_CACHE", "~/.cache/minirope")).expanduser() / "cpu_products.json"
+    return Path(os.environ.get("MINIROPE_CACHE", "~/.cache/minirope")).expanduser() / "cpu_matmuls.json"
 
 
 def median_seconds(product, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
@@ -172,7 +172,7 @@ def write_cache(cache: dict) -> None:
         scratch.write_text(json.dumps(cache, indent=1))
         scratch.replace(path)  # whole or not at all
     except OSError as error:  # decided all the same, measured again next time
-        print(f"[minirope] could not cache the product timings in {path} ({error}); set MINIROPE_CACHE")
+        print(f"[minirope] could not cache the matmul timings in {path} ({error}); set MINIROPE_CACHE")
 
 
 def decisions(
@@ -198,9 +198,9 @@ def decisions(
 def step_decision(
     model: nn.Module, linears: dict, faster: list[str], other: dict, rows: int, timing: bool
 ) -> bool | None:
-    """Whether moving the `faster` products to oneDNN makes the model's whole one-token step of `rows` sequences
+    """Whether moving the `faster` matmuls to oneDNN makes the model's whole one-token step of `rows` sequences
     `STEP_MARGIN` times faster (`step_seconds` with and without them), cached per machine under the model's shapes and
-    the moved products; without `timing`, the cached answer or None (nothing is timed)."""
+    the moved matmuls; without `timing`, the cached answer or None (nothing is timed)."""
     shapes = sorted({(m.in_features, m.out_features) for m in linears.values()})
     name = f"step, {rows} rows, {len(linears)} linears {shapes}, moved {sorted(faster)}"
     cache = read_cache()
@@ -233,7 +233,7 @@ def plain_float32_cpu(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """A chosen `nn.Linear`'s forward (bound to it as a method, so that `copy.deepcopy` of the model binds the copy):
-    products of plain float32 CPU tensors whose row count took a oneDNN decision (`module.onednn_rows`: 1, 8 for
+    matmuls of plain float32 CPU tensors whose row count took a oneDNN decision (`module.onednn_rows`: 1, 8 for
     2-8 rows, `TRAINING` for more) on oneDNN, differentiable where autograd records (`OneDnnLinear`); everything
     else `nn.Linear.forward`."""
     rows = x.numel() // x.shape[-1] if x.dim() else 0
@@ -247,8 +247,8 @@ def forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def loss_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """`x @ weight.T` for the fused loss's chunks (`kernels_minirope.LinearCrossEntropy`) of a head whose training
-    products moved: on oneDNN where `plain_float32_cpu` (the weight a tensor or parameter: the head's, or a
-    transposed operand of the backward products), torch's `@` otherwise (a bf16 run's chunks under autocast).
+    matmuls moved: on oneDNN where `plain_float32_cpu` (the weight a tensor or parameter: the head's, or a
+    transposed operand of the backward matmuls), torch's `@` otherwise (a bf16 run's chunks under autocast).
     x `(R, K)`, weight `(N, K)`, any strides -> `(R, N)`."""
     if type(weight) in (torch.Tensor, nn.Parameter) and plain_float32_cpu(x, weight):
         return onednn_linear(x, weight)
@@ -256,10 +256,10 @@ def loss_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def move(module: nn.Linear, rows: tuple) -> None:
-    """Give `module` the measured forward for products of `rows` rows (1, 8, `TRAINING`; none: `nn.Linear`'s), and
-    with `TRAINING` the measured kernel for the fused loss's products, where `module` is the model's head
+    """Give `module` the measured forward for matmuls of `rows` rows (1, 8, `TRAINING`; none: `nn.Linear`'s), and
+    with `TRAINING` the measured kernel for the fused loss's matmuls, where `module` is the model's head
     (`loss_product`, read by `kernels_minirope.fused_causal_lm_loss`: the same weight shape, the same three
-    products that the training decision timed)."""
+    matmuls that the training decision timed)."""
     for name in ("forward", "onednn_rows", "loss_product"):
         module.__dict__.pop(name, None)
     if rows:
@@ -270,7 +270,7 @@ def move(module: nn.Linear, rows: tuple) -> None:
 
 
 def step_seconds(model: nn.Module, rows: int) -> float:
-    """The fastest of `REPS` one-token forwards of `rows` sequences: a decoding step's products (without a past).
+    """The fastest of `REPS` one-token forwards of `rows` sequences: a decoding step's matmuls (without a past).
     The fastest, not the median: another process busy on the same cores can slow a step down, not speed it up."""
     ids = torch.zeros((rows, 1), dtype=torch.long)
     best = float("inf")
@@ -283,14 +283,14 @@ def step_seconds(model: nn.Module, rows: int) -> float:
     return best
 
 
-def use_measured_products(model: nn.Module, training: bool = False, timing: bool = True) -> dict[str, list[str]]:
-    """Send `model`'s decoding products (or with `training`, its products of more than 8 rows: training, prefill,
+def use_measured_matmuls(model: nn.Module, training: bool = False, timing: bool = True) -> dict[str, list[str]]:
+    """Send `model`'s decoding matmuls (or with `training`, its matmuls of more than 8 rows: training, prefill,
     evaluation) to oneDNN where this machine measured it faster (see the module docstring).
 
     Decoding: two measurements decide, each weight shape's product alone (cached, `decisions`), then, for each row
-    count, the model's whole one-token step with the products that won against the step without them: they move
+    count, the model's whole one-token step with the matmuls that won against the step without them: they move
     only if the step is `STEP_MARGIN` times faster (a product faster alone can be slower among the others, e.g. a
-    small model's head that stays in the cache). Training: each weight shape's forward and backward products at
+    small model's head that stays in the cache). Training: each weight shape's forward and backward matmuls at
     `TRAINING_ROWS` rows (cached), which are compute-bound and as fast among the others as alone; so a machine
     makes the same choice in every run.
 
