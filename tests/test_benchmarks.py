@@ -32,7 +32,7 @@ def test_gpu_benchmark_runs_on_cpu_and_writes_every_row(tmp_path):
     assert "| tiny | sdpa | no | no |" in result.stdout
 
 
-@pytest.mark.slow  # 37 s on a 2-core Zen 4: in `make test-slow`, to keep the default run under 15 minutes
+@pytest.mark.slow  # 37 s on a 2-core Zen 4: in `make test-slow`, for the default run's time
 def test_fused_loss_benchmark_compares_with_llama(tmp_path):
     command = [sys.executable, str(BENCHMARKS / "fused_loss.py"), "--vocab", "512", "--reps", "1",
                "--output", str(tmp_path / "loss.json")]  # fmt: skip
@@ -42,7 +42,7 @@ def test_fused_loss_benchmark_compares_with_llama(tmp_path):
     assert row["vocab"] == 512 and row["minirope"]["seconds"] > 0 and row["llama"]["peak_rise_mib"] >= 0
 
 
-@pytest.mark.slow  # 54 s on a 2-core Zen 4: in `make test-slow`, to keep the default run under 15 minutes
+@pytest.mark.slow  # 54 s on a 2-core Zen 4: in `make test-slow`, for the default run's time
 def test_speed_benchmark_compares_the_default_model_with_llama(tmp_path):
     output = tmp_path / "speed.json"
     command = [sys.executable, str(BENCHMARKS / "bench_speed.py"), "--sizes", "default", "--reps", "1",

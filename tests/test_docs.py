@@ -204,7 +204,7 @@ WITH_CODE = [page for page in PAGES if any(kind in ("python", "bash") for kind, 
 # exports (tests/test_export.py, test_hub.py), long context (test_extend.py), training (test_pretrain_e2e.py,
 # test_stream.py, test_finetune.py, test_extend.py, and test_hub.py for its Hub pushes and resume).
 # And the pretrained-model page (tests/test_import.py imports the same GGUF and checks its chat against Llama's).
-SLOW_PAGES = {"docs/exports.md", "docs/long_context.md", "docs/training.md", "docs/pretrained.md"}
+SLOW_PAGES = {"docs/exports.md", "docs/hub.md", "docs/long_context.md", "docs/training.md", "docs/pretrained.md"}
 
 
 def follow(page: Path | str, workspace: Path, name: str = "page") -> None:
@@ -251,6 +251,12 @@ def test_every_block_of_the_page_runs(page, workspace):
 def test_a_page_broken_on_purpose_fails(workspace, broken, error):
     with pytest.raises(error):
         follow(f"# A page\n\nSome text.\n\n{broken}\n", workspace)
+
+
+def test_the_readme_names_the_pages_only_make_test_slow_follows():
+    development = (ROOT / "README.md").read_text().split("## Development")[1]
+    named = set(re.findall(r"`(docs/[\w/]+\.md)`", " ".join(development.split())))
+    assert named == SLOW_PAGES, f"README's Development section names {sorted(named)}, the suite {sorted(SLOW_PAGES)}"
 
 
 def anchors(page: Path) -> set[str]:

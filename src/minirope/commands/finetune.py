@@ -84,7 +84,7 @@ class LoraArguments:
     lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA path."})
     lora_target_modules: list[str] = field(
         default_factory=lambda: list(LORA_TARGETS),
-        metadata={"help": "The modules that get an adapter, as a list: q_proj v_proj (default: every projection)."},
+        metadata={"help": "The modules that get an adapter, as a list: q_proj v_proj."},
     )
     merge_lora: bool = field(default=True, metadata={"help": "Merge the adapter into the saved weights."})
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 TRIM_INTERVAL_S = 1.0
 HEAP_TRIM_HELP = (  # --heap_trim_seconds of minirope-posttrain and minirope-finetune
     "On a CPU with glibc: hand the heap's freed pages back to the system every this many seconds (malloc_trim), "
-    "which holds a LoRA run near its tensors' memory (docs/studies/posttrain_speed.md: SmolLM2's LoRA GRPO 2.5 GB "
-    "instead of 3.8, in the same time); 0: never."
+    "which holds a LoRA run near its tensors' memory (docs/studies/posttrain_speed.md: SmolLM2's LoRA GRPO "
+    "2.50-2.65 GB instead of 3.78-3.86, in about the same time); 0: never."
 )
 
 
