@@ -2,9 +2,11 @@
 uses (a bare `name: type = value` in a subclass of `TrainingArguments` drops both), and usage lines show the
 positional forms."""
 
+import re
 import subprocess
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 from transformers import HfArgumentParser
@@ -13,6 +15,8 @@ from minirope.commands.extend import ExtendingArguments
 from minirope.commands.finetune import FinetuningArguments
 from minirope.commands.pretrain import PretrainingArguments
 from minirope.training.arguments import MiniRopeTrainingArguments
+
+ROOT = Path(__file__).parent.parent
 
 
 def own_fields(kind: type) -> list[str]:
@@ -46,3 +50,48 @@ def test_import_usage_shows_the_positional_source():
     done = subprocess.run([sys.executable, "-m", "minirope.commands.import_model", "--help"], capture_output=True,
                           text=True, check=True)  # fmt: skip
     assert done.stdout.startswith("usage: minirope-import SOURCE --output_dir DIR")
+
+
+# The pages that state a flag's default as "`--flag` (N)" or "`--flag` (default N)", and the commands they describe.
+PAGE_COMMANDS = {
+    "README.md": [("pretrain", ()), ("finetune", ()), ("generate", ())],
+    "docs/training.md": [("pretrain", ()), ("finetune", ())],
+    "docs/chat.md": [("finetune", ())],
+    "docs/scaling.md": [("pretrain", ())],
+    "docs/long_context.md": [("extend", ())],
+    "docs/post_training.md": [("posttrain", ("--method", "grpo")), ("posttrain", ("--method", "dpo"))],
+    "docs/pretrained.md": [("import_model", ()), ("posttrain", ("--method", "grpo"))],
+}
+DOCUMENTED_DEFAULT = re.compile(r"`(--[a-z_]+)` \((?:default:? )?(\d[\d,]*(?:\.\d+)?)\)")
+
+
+def help_entries(command: str, argv: tuple, capsys) -> dict[str, str]:
+    """Each flag of the command's `--help` and its entry (help text and `(default: ...)`), in one line."""
+    import importlib
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(f"minirope.commands.{command}").run([*argv, "--help"])
+    text = capsys.readouterr().out
+    entries = re.split(r"\n  (?=--)", text.split("options:", 1)[1])
+    return {match.group(1): " ".join(entry.split()) for entry in entries if (match := re.match(r"(--[a-z_]+)", entry))}
+
+
+def shows(entry: str, number: str) -> bool:
+    """Whether a flag's `--help` entry shows `number`: as its default, or in its help (a default the run sizes)."""
+    shown = re.search(r"\(default: ([^)]*)\)$", entry)
+    if shown and re.fullmatch(r"[\d.e+-]+", shown.group(1)) and float(shown.group(1)) == float(number):
+        return True
+    return re.search(rf"\b{re.escape(number)}\b", entry) is not None
+
+
+@pytest.mark.parametrize("page", sorted(PAGE_COMMANDS))
+def test_the_defaults_a_page_states_are_those_help_shows(page, capsys):
+    if any(command == "posttrain" for command, _ in PAGE_COMMANDS[page]):
+        pytest.importorskip("trl")
+    helps = [help_entries(command, argv, capsys) for command, argv in PAGE_COMMANDS[page]]
+    stated = DOCUMENTED_DEFAULT.findall((ROOT / page).read_text())
+    for flag, value in stated:
+        entries = [entries[flag] for entries in helps if flag in entries]
+        assert entries, f"{page} states {flag} ({value}), which none of {PAGE_COMMANDS[page]} takes"
+        number = value.replace(",", "")
+        assert any(shows(entry, number) for entry in entries), f"{page}: {flag} ({value}); --help: {entries}"

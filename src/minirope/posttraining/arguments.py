@@ -108,7 +108,7 @@ class PosttrainArguments(ScriptArguments):
     num_prompts: int | None = field(
         default=None,
         metadata={
-            "help": "At most this many training prompts. Default: every row of your data (dpo's own pairs: see "
+            "help": "At most this many training prompts. Default: every row of your data (dpo's own pairs: "
             "`minirope-posttrain dpo --help`); a bundled task's recipe sets its own."
         },
     )

@@ -28,6 +28,13 @@ class DPOScriptArguments(PosttrainArguments):
     answer_warm_start = True
     sft_steps_with_file = 300
     takes_pairs = True
+    num_prompts: int | None = field(
+        default=None,
+        metadata={
+            "help": "At most this many training prompts. Default: every row of a preference file; for own pairs "
+            f"the first {OWN_PAIR_PROMPTS} prompts; a bundled task's recipe sets its own."
+        },
+    )
     samples_per_prompt: int = field(default=8, metadata={"help": "Own pairs: samples of each prompt ranked into one."})
     min_reward_margin: float = field(
         default=0.5,
