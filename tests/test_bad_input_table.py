@@ -1,6 +1,6 @@
 """Every mistake gets one clear line before any work is spent, and nothing the user has is changed.
 
-One table of bad inputs across the five commands: each must exit 1 with one line `PROG: error: ...` naming the flag
+One table of bad inputs across the commands: each must exit 1 with one line `PROG: error: ...` naming the flag
 or the file, print no traceback, write nothing, and leave every input file byte for byte as it was (checksums of the
 whole folder of inputs before and after). Each fails before training, so the table runs in about a minute.
 """
@@ -588,8 +588,12 @@ def test_every_invalid_rope_value_is_a_value_error_naming_it(rope_parameters, ex
     assert expected in str(error.value)
 
 
-def test_the_table_is_large():
+def test_the_table_is_large_and_docs_training_counts_it():
     assert len(CASES) >= 60
+    commands = {case[0] for case in CASES}
+    numbers = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"}
+    page = " ".join((Path(__file__).parent.parent / "docs" / "training.md").read_text().split())
+    assert f"runs {len(CASES)} bad inputs across {numbers[len(commands)]} commands" in page
 
 
 def test_training_by_epochs_with_the_default_schedule_and_no_sample(tmp_path):

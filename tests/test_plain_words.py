@@ -69,3 +69,13 @@ def test_the_check_finds_each_kind():
     assert kinds == {"an issue number", "a machine lent or leased", "a session", "a commit hash", "rooms (layers)",
                      "products (matmuls)", "a path outside the repository"}  # fmt: skip
     assert internal_words("1,200 steps in 59 s; 2457600 tokens; ggml-org/llama.cpp#20824; sha256") == []
+
+
+@pytest.mark.parametrize("page", sorted((ROOT / "docs").glob("*.md")), ids=lambda page: page.name)
+def test_a_guide_page_keeps_its_dated_history_to_three_lines(page):
+    """The guide says what holds; the dated runs behind it are the studies' (docs/studies/) and the results' rows.
+    Table rows and code blocks do not count: a table names each row's machine and date."""
+    prose = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    lines = [line for line in prose.splitlines() if not line.startswith("|")]
+    dated = [line for line in lines if re.search(r"\b20\d\d-\d\d-\d\d\b", line)]
+    assert len(dated) <= 3, "\n".join(dated)
