@@ -140,7 +140,7 @@ def interpolate(record: dict, alphas: list[float], args) -> dict:
         model, _ = load_causal_lm(ModelArguments(record["folder"]))
         interpolate_weights(model, start, alpha)
         headers = Dataset.from_dict({"prompt": validation_headers(args.eval_prompts)})
-        samples = sample(model, tokenizer, headers, args.eval_samples_per_prompt, args.eval_max_new_tokens, 0, SAMPLING)
+        samples = sample(model, tokenizer, headers, args.num_generations_eval, args.eval_max_new_tokens, 0, SAMPLING)
         verse = verse_measure(samples.completions)
         bits = validation_bits_per_byte(model, tokenizer)
         points[str(alpha)] = {**verse.as_dict(), "validation_bits_per_byte": bits}
@@ -215,7 +215,7 @@ def main() -> None:
     parser.add_argument("--interpolate", help="NAME of a recorded run to interpolate with its base")
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.25, 0.5, 0.75])
     parser.add_argument("--eval_prompts", type=int, default=16)
-    parser.add_argument("--eval_samples_per_prompt", type=int, default=16)
+    parser.add_argument("--num_generations_eval", type=int, default=16)
     parser.add_argument("--eval_max_new_tokens", type=int, default=64)
     parser.add_argument("--lm_baseline", help="NAME of a recorded distill run: train its student without the teacher")
     parser.add_argument("--plot", action="store_true", help="only redraw the plot")

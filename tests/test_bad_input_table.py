@@ -163,7 +163,7 @@ E, G, X = [*F, *TINY_EXTEND], ["--model", "{model}", "--prompt", "ROMEO:"], ["--
 T, V = ["--train_file", "{w}/train.txt"], ["--validation_file", "{w}/valid.txt"]
 VC = ["--validation_file", "{w}/chat.jsonl"]
 PLAY_DATA = ["--play", "the-tempest"]
-POST = [*F, "--max_steps", "2", "--eval_prompts", "1", "--eval_samples_per_prompt", "2", "--eval_max_new_tokens", "4"]
+POST = [*F, "--max_steps", "2", "--eval_prompts", "1", "--num_generations_eval", "2", "--eval_max_new_tokens", "4"]
 GRPO, DPO, DISTILL = [*POST, "--method", "grpo"], [*POST, "--method", "dpo"], [*POST, "--method", "distill"]
 
 # (command, argv, what the error line must contain); {w} is the inputs' folder, {model} its model, {out} a fresh path.
@@ -533,7 +533,7 @@ CASES = [
             "flat_rewards.zero",
             "--sft_steps",
             "0",
-            "--eval_samples_per_prompt",
+            "--num_generations_eval",
             "8",
         ],
         "GRPO would have nothing to learn from: every held-out prompt's 8 sampled completions score alike",

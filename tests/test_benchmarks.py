@@ -75,7 +75,7 @@ def test_posttrain_speed_runs_trl_and_minirope_side_by_side_for_one_step(tiny_pr
     output = tmp_path / "speed.jsonl"
     command = [sys.executable, str(BENCHMARKS / "posttrain_speed.py"), "--model", str(tiny_pretrained), "--steps", "1",
                "--max_completion_length", "4", "--output", str(output),
-               "--minirope_flags=--eval_prompts 4 --eval_samples_per_prompt 2 --sft_steps 0"]  # fmt: skip
+               "--minirope_flags=--eval_prompts 4 --num_generations_eval 2 --sft_steps 0"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = [json.loads(line) for line in output.read_text().splitlines()]
@@ -110,7 +110,7 @@ def test_released_task_benchmark_runs_a_seed_and_scores_it_on_the_other_problems
     pytest.importorskip("trl")
     results = tmp_path / "rows.jsonl"
     small = ["--max_steps", "1", "--per_device_train_batch_size", "4", "--max_completion_length", "8",
-             "--eval_prompts", "4", "--eval_samples_per_prompt", "2", "--eval_max_new_tokens", "8",
+             "--eval_prompts", "4", "--num_generations_eval", "2", "--eval_max_new_tokens", "8",
              "--require_reward_spread", "False", "--sft_steps", "0"]  # fmt: skip
     if method == "grpo":
         small += [

@@ -41,7 +41,7 @@ SMALL = {
     "generate": ["--max_new_tokens", "8"],
     "export": [],
     "import": [],
-    "posttrain": ["--max_steps", "2", "--num_prompts", "8", "--eval_prompts", "2", "--eval_samples_per_prompt", "2",
+    "posttrain": ["--max_steps", "2", "--num_prompts", "8", "--eval_prompts", "2", "--num_generations_eval", "2",
                   "--eval_max_new_tokens", "8", "--per_device_train_batch_size", "4",
                   "--lm_validation_file", "valid.txt"],  # bits per byte of 20 kB, not of the 4 validation plays
 }  # fmt: skip

@@ -148,7 +148,7 @@ def test_every_command_starts_from_a_hub_id_at_a_revision_and_pushes_its_folder_
                      "1", "--max_train_samples", "8", "--max_eval_samples", "4", "--torch_compile", "False"],
         "extend": [*base, "--rope_type", "yarn", *TINY_EXTEND],
         "posttrain": ["--method", "dpo", *base, "--train_file", str(pairs), "--max_steps", "2", "--eval_prompts", "2",
-                      "--eval_samples_per_prompt", "2", "--eval_max_new_tokens", "8", "--max_length", "32",
+                      "--num_generations_eval", "2", "--eval_max_new_tokens", "8", "--max_length", "32",
                       "--per_device_train_batch_size", "2"],
     }  # fmt: skip
     lineage = {"finetune": "lora", "extend": "yarn", "posttrain": "dpo"}

@@ -44,7 +44,7 @@ from minirope.training.heap import malloc_trim  # noqa: E402
 # A few steps at the tiny model's size: 2 prompts x 2 completions of 8 tokens a step, 2 x 2 samples measured, a
 # warm start of 2 steps.
 TINY_POST = [
-    "--max_steps", "2", "--num_prompts", "8", "--eval_prompts", "2", "--eval_samples_per_prompt", "2",
+    "--max_steps", "2", "--num_prompts", "8", "--eval_prompts", "2", "--num_generations_eval", "2",
     "--eval_max_new_tokens", "8", "--logging_steps", "1", "--sft_steps", "2", "--keep_last", "True",
 ]  # fmt: skip
 TINY_GRPO = ["--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "8"]
@@ -320,6 +320,26 @@ def test_interpolate_weights_moves_each_parameter_part_of_the_way():
         torch.testing.assert_close(param, 0.25 * tuned[name])
 
 
+@pytest.mark.parametrize("method", ["grpo", "dpo", "distill"])
+def test_the_measures_samples_take_trls_name_and_the_earlier_flag_still_sets_them(method, tiny_pretrained, tmp_path,
+                                                                                   capsys):  # fmt: skip
+    """`--num_generations_eval` (TRL's GRPO name) sets the measures' samples of a prompt for every method; the earlier
+    `--eval_samples_per_prompt` on the command line is taken as it, said in one line; in a --config file it is
+    refused, naming the new key."""
+    model = ["--model_name_or_path", str(tiny_pretrained), "--dataset_name", "rows"]
+    model += ["--teacher_model_name_or_path", str(tiny_pretrained)] if method == "distill" else []
+    assert parse_args(model + ["--method", method])[1].num_generations_eval == 16
+    assert parse_args(model + ["--method", method, "--num_generations_eval", "4"])[1].num_generations_eval == 4
+    assert parse_args(model + ["--method", method, "--eval_samples_per_prompt=3"])[1].num_generations_eval == 3
+    assert "--eval_samples_per_prompt is now --num_generations_eval" in capsys.readouterr().out
+    old = tmp_path / "old.yaml"
+    old.write_text("eval_samples_per_prompt: 3\n")
+    with pytest.raises(ValueError, match="eval_samples_per_prompt, which is now num_generations_eval"):
+        parse_args(model + ["--method", method, "--config", str(old)])
+    with pytest.raises(ValueError, match="--num_generations_eval must be >= 1"):
+        parse_args(model + ["--method", method, "--num_generations_eval", "0"])
+
+
 def test_corpus_blocks_are_tokenized_once_for_each_context(tiny_pretrained, tmp_path):
     text = tmp_path / "corpus.txt"
     text.write_text("".join(f"Line {i} of a corpus for the corpus term's blocks.\n" for i in range(200)))
@@ -436,8 +456,8 @@ def test_the_measures_sample_the_first_eval_sampled_prompts_and_greedy_decode_al
     rows = Dataset.from_dict({"prompt": ["ROMEO:\n", "JULIET:\n", "NURSE:\n"]})
     calls, autocast = [], set()
     reward = lambda completions, prompts, **kw: calls.append((prompts[0], len(completions))) or [1.0] * len(prompts)  # noqa: E731
-    args = SimpleNamespace(eval_max_new_tokens=4, eval_samples_per_prompt=3, eval_sampled_prompts=2)
-    run = SimpleNamespace(seed=0, bf16=bf16, fp16=False)
+    args = SimpleNamespace(eval_max_new_tokens=4, eval_sampled_prompts=2)
+    run = SimpleNamespace(seed=0, bf16=bf16, fp16=False, num_generations_eval=3)
     hook = model.register_forward_pre_hook(
         lambda module, inputs: autocast.add(
             torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
@@ -447,7 +467,7 @@ def test_the_measures_sample_the_first_eval_sampled_prompts_and_greedy_decode_al
     hook.remove()
     assert autocast == {torch.bfloat16 if bf16 else None}
     assert measured.precision == ("bf16" if bf16 else "float32") == measured.as_dict()["precision"]
-    assert (measured.prompts, measured.sampled_prompts) == (3, 2)
+    assert (measured.prompts, measured.sampled_prompts, measured.samples_per_prompt) == (3, 2, 3)
     greedy, sampled = [("ROMEO:\n", 1), ("JULIET:\n", 1), ("NURSE:\n", 1)], [("ROMEO:\n", 3), ("JULIET:\n", 3)]
     assert sorted(calls) == sorted(greedy + sampled)  # greedy: every prompt; sampled: the first two, 3 each
     assert [row["sampled"] is None for row in measured.samples] == [False, False, True]
@@ -698,7 +718,7 @@ def test_grpo_warm_starts_on_the_rows_answers_when_every_group_scores_alike(tiny
     run_summary = posttrain.run([
         "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out),
         "--dataset_name", str(folder), "--reward_funcs", "flat_rewards.zero", *TINY_POST[:-4], *TINY_GRPO,
-        "--eval_samples_per_prompt", "8", "--sft_batch_size", "10", "--keep_last", "True",
+        "--num_generations_eval", "8", "--sft_batch_size", "10", "--keep_last", "True",
     ])  # fmt: skip
     assert run_summary["warm_start"]["steps"] == 3  # every training row (24, not --num_prompts 8), 10 a step
     assert run_summary["warm_start"]["data"] == "the training rows' prompts and their `solution` column"
@@ -736,9 +756,10 @@ def test_the_answer_warm_start_is_taken_by_grpo_and_dpos_own_pairs_only_when_sam
     def warm(method, share, sft_steps=None, model_args=lora, samples=8, solved=0.0):
         data = SimpleNamespace(rows=rows)
         args = SimpleNamespace(method=method, answer_warm_start=method != "distill", sft_steps=sft_steps,
-                               sft_batch_size=2, eval_samples_per_prompt=samples)  # fmt: skip
+                               sft_batch_size=2)  # fmt: skip
         run = SimpleNamespace(data=data, model=model, model_args=model_args)
-        measured = TaskMeasure(1, 1, {}, {}, 1.0, None, alike_share=share, solved_share=solved)
+        measured = TaskMeasure(1, 1, {}, {}, 1.0, None, alike_share=share, solved_share=solved,
+                               samples_per_prompt=samples)  # fmt: skip
         return warm_start.answer_warm_start(run, args, measured)
 
     for method in ("grpo", "dpo"):
@@ -762,11 +783,13 @@ def test_solved_prompts_are_told_from_failing_ones_and_an_all_solved_task_is_sai
     values = {"exact": [[1.0, 1.0], [0.0, 0.0], [1.0, 0.0]], "format": [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]}
     assert solved_share(values, None) == 1 / 3 and solved_share(values, [2.0, 0.0]) == 1 / 3
     assert solved_share({"exact": [[0.5, 0.5]]}, None) == 0  # alike at half credit: failing
-    args = SimpleNamespace(method="grpo", eval_samples_per_prompt=8, require_reward_spread=True)
+    args = SimpleNamespace(method="grpo", require_reward_spread=True)
+    alike = {"alike_share": 1.0, "samples_per_prompt": 8}
     with pytest.raises(ValueError, match="already solved on the held-out prompts"):
-        check_signal(TaskMeasure(4, 4, {}, {}, 1.0, None, alike_share=1.0, solved_share=1.0), args)
+        check_signal(TaskMeasure(4, 4, {}, {}, 1.0, None, solved_share=1.0, **alike), args)
     with pytest.raises(ValueError, match="Give the model a start on the task"):
-        check_signal(TaskMeasure(4, 4, {}, {}, 1.0, None, alike_share=1.0, solved_share=0.25), args)
+        check_signal(TaskMeasure(4, 4, {}, {}, 1.0, None, solved_share=0.25, **alike), args)
+    check_signal(TaskMeasure(4, 4, {}, {}, 1.0, None, solved_share=0.25, alike_share=1.0, samples_per_prompt=4), args)
 
 
 def test_keep_best_keeps_a_warm_start_that_no_later_step_beats(tiny_pretrained):

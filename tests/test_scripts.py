@@ -163,7 +163,7 @@ def test_the_arithmetic_rewards_pay_only_an_answer_that_ends(monkeypatch):
 @pytest.mark.slow  # 25 s on a 2-core Zen 4: in `make test-slow`, to keep the default run under 15 minutes
 def test_post_training_records_runs_interpolates_and_plots(tmp_path, tiny_pretrained):
     pytest.importorskip("trl")
-    small = "--max_steps 1 --num_prompts 4 --eval_prompts 1 --eval_samples_per_prompt 2 --eval_max_new_tokens 8"
+    small = "--max_steps 1 --num_prompts 4 --eval_prompts 1 --num_generations_eval 2 --eval_max_new_tokens 8"
     grpo = f"tiny:--method grpo {small} --per_device_train_batch_size 2 --num_generations 2 --max_completion_length 8"
     common = [
         "--results",
@@ -174,7 +174,7 @@ def test_post_training_records_runs_interpolates_and_plots(tmp_path, tiny_pretra
         tmp_path / "runs",
         "--eval_prompts",
         "1",
-        "--eval_samples_per_prompt",
+        "--num_generations_eval",
         "2",
         "--eval_max_new_tokens",
         "8",
@@ -203,7 +203,7 @@ def test_user_tasks_benchmark_pretrains_on_a_task_and_runs_grpo_with_its_flags(t
     """benchmarks/user_tasks.py at a tiny size: the task's text and `datasets` folder written, a model pretrained on
     the text, GRPO with the reward module it writes beside them; one row appended with the measures and the machine."""
     flags = ["--max_steps", "2", "--per_device_train_batch_size", "4", "--num_generations", "2",
-             "--max_completion_length", "8", "--eval_prompts", "4", "--eval_samples_per_prompt", "2",
+             "--max_completion_length", "8", "--eval_prompts", "4", "--num_generations_eval", "2",
              "--eval_max_new_tokens", "8"]  # fmt: skip
     run_script("benchmarks/user_tasks.py", "--output_dir", tmp_path, "--tasks", "max", "--size", "tiny", "--flags",
                *flags)  # fmt: skip

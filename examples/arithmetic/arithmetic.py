@@ -102,9 +102,9 @@ def main() -> None:
                 "--num_attention_heads", "2", "--num_key_value_heads", "1", "--block_size", "64",
                 "--tokenizer_vocab_size", "300", "--max_steps", "4", "--sample_max_new_tokens", "0"]  # fmt: skip
         post = ["--max_steps", "2", "--per_device_train_batch_size", "4", "--num_generations", "2", "--eval_prompts",
-                "4", "--eval_samples_per_prompt", "2"]  # fmt: skip
+                "4", "--num_generations_eval", "2"]  # fmt: skip
         dpo = ["--max_steps", "2", "--per_device_train_batch_size", "2", "--num_prompts", "8", "--eval_prompts", "4",
-               "--eval_samples_per_prompt", "2", "--samples_per_prompt", "3", "--min_reward_margin", "0"]  # fmt: skip
+               "--num_generations_eval", "2", "--samples_per_prompt", "3", "--min_reward_margin", "0"]  # fmt: skip
     else:
         size = ["--max_steps", str(args.pretrain_steps), "--block_size", "128", "--sample_prompt", "What is 12 + 34?"]
         post = ["--max_steps", str(args.grpo_steps), "--learning_rate", "1e-4", "--per_device_train_batch_size", "64",

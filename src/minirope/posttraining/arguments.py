@@ -193,13 +193,10 @@ class PosttrainArguments(ScriptArguments):
         default=None,
         metadata={"help": "Held-out prompts measured before and after: default all (a --task recipe sets its own)."},
     )
-    eval_samples_per_prompt: int = field(
-        default=16, metadata={"help": "Samples of each sampled held-out prompt (see --eval_sampled_prompts)."}
-    )
     eval_sampled_prompts: int | None = field(
         default=64,
         metadata={
-            "help": "Held-out prompts (the first of them) sampled --eval_samples_per_prompt times, for the sampled "
+            "help": "Held-out prompts (the first of them) sampled --num_generations_eval times, for the sampled "
             "rewards, the share of distinct completions and GRPO's signal check; the greedy measures take every "
             "held-out prompt. Default: 64 (1,024 samples at 16 each; sampling all of 300 held-out prompts took over "
             "a quarter of a small model's GRPO command); a number at least the held-out prompts' samples them all."
@@ -216,8 +213,8 @@ class PosttrainArguments(ScriptArguments):
     )
 
     def __post_init__(self) -> None:
-        for name in ("num_prompts", "lm_batch_size", "sft_batch_size", "eval_prompts", "eval_samples_per_prompt",
-                     "eval_sampled_prompts", "eval_max_new_tokens"):  # fmt: skip
+        for name in ("num_prompts", "lm_batch_size", "sft_batch_size", "eval_prompts", "eval_sampled_prompts",
+                     "eval_max_new_tokens"):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}.")
         if self.sft_steps is not None and self.sft_steps < 0:

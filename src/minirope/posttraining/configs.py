@@ -131,9 +131,20 @@ class CpuDefaults(TokenNotSaved):
         },
     )
 
+    num_generations_eval: int | None = field(
+        default=16,
+        metadata={
+            "help": "Samples of each sampled held-out prompt in the measures before and after the run (TRL's name "
+            "for GRPO's samples of an evaluation prompt; see --eval_sampled_prompts; --eval_samples_per_prompt is "
+            "taken as this flag)."
+        },
+    )
+
     precision_line: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
+        if self.num_generations_eval is None or self.num_generations_eval < 1:
+            raise ValueError(f"--num_generations_eval must be >= 1, got {self.num_generations_eval}: e.g. 16.")
         if self.use_cpu is None:  # without it, accelerate runs each CPU process of torchrun as a run of its own
             self.use_cpu = not torch.accelerator.is_available()
         self.precision_line = decide_bf16(self, POSTTRAINING_FLOAT32)  # None where --bf16 or --fp16 decided

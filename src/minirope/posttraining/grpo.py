@@ -65,7 +65,7 @@ def post_train(args, config, model_args, split: TimeSplit) -> dict:
 def check_signal(measured, args, warm_started: bool = False) -> None:
     """GRPO's advantage is a completion's reward against the other completions of its prompt: a group whose
     completions all score alike teaches nothing (TRL's `frac_reward_zero_std`). From the measures just taken
-    (`TaskMeasure.alike_share`, the `--eval_samples_per_prompt` samples of each held-out prompt, when there are at
+    (`TaskMeasure.alike_share`, the `--num_generations_eval` samples of each held-out prompt, when there are at
     least `SIGNAL_SAMPLES`), print the share of such prompts when at least half are, before any GRPO step.
 
     Prompts whose samples all score full credit are solved, not failing (`TaskMeasure.solved_share`): when every
@@ -77,18 +77,18 @@ def check_signal(measured, args, warm_started: bool = False) -> None:
             or saying that the model already solves every held-out prompt.
     """
     share = measured.alike_share
-    if share is None or args.eval_samples_per_prompt < SIGNAL_SAMPLES:
+    if share is None or (measured.samples_per_prompt or 0) < SIGNAL_SAMPLES:
         return
     if share == 1 and measured.solved_share == 1 and args.require_reward_spread and not warm_started:
         raise ValueError(
             f"already solved on the held-out prompts: every sample of each of the {measured.sampled_prompts} prompts "
-            f"sampled scores full credit ({args.eval_samples_per_prompt} samples each), so GRPO has nothing to learn "
+            f"sampled scores full credit ({measured.samples_per_prompt} samples each), so GRPO has nothing to learn "
             f"and nothing to gain by these rewards; give harder prompts or a stricter reward (--require_reward_spread "
             f"False trains anyway). Nothing was written."
         )
     if share == 1 and args.require_reward_spread and not warm_started:
         raise ValueError(
-            f"GRPO would have nothing to learn from: every held-out prompt's {args.eval_samples_per_prompt} sampled "
+            f"GRPO would have nothing to learn from: every held-out prompt's {measured.samples_per_prompt} sampled "
             f"completions score alike by the rewards ({measured.sampled_prompts} prompts sampled; GRPO learns from the "
             f"differences within a prompt's group), so no step would change the model. Give the model a start on the "
             f"task (a `solution` column in the rows, or --sft_train_file with prompt/completion rows of answers and "

@@ -3,7 +3,7 @@
 On the held-out prompts (never trained on; `minirope.posttraining.data`):
 
 - each reward's mean over one **greedy** completion per prompt (for a task with one right answer, the exact-match
-  accuracy) and over `--eval_samples_per_prompt` **sampled** ones of the first `--eval_sampled_prompts` prompts
+  accuracy) and over `--num_generations_eval` **sampled** ones of the first `--eval_sampled_prompts` prompts
   (temperature 0.8, top_k 50, the run's seed, whatever the folder's generation config says; each prompt read once for
   all its samples: `shared_prefill`), the rewards called as TRL calls them (`call_reward`), `None` values left out;
 - the share of distinct sampled completions (a policy that collapses onto one answer shows here);
@@ -101,7 +101,7 @@ class TaskMeasure:
     """One side (before or after) of a run's measures; see the module doc."""
 
     prompts: int  # measured greedy
-    sampled_prompts: int  # the first of them, sampled `--eval_samples_per_prompt` times
+    sampled_prompts: int  # the first of them, sampled `samples_per_prompt` times
     greedy: dict[str, float | None]
     sampled: dict[str, float | None]
     distinct_share: float
@@ -114,6 +114,7 @@ class TaskMeasure:
     cut_share: float | None = None  # sampled completions cut at the token limit before they ended (`Samples`)
     max_new_tokens: int | None = None  # the limit
     precision: str = "float32"  # the completions', the run's (`sample`)
+    samples_per_prompt: int | None = None  # of each sampled prompt (`--num_generations_eval`)
 
     @property
     def failing_share(self) -> float | None:
@@ -162,13 +163,14 @@ def task_measures(task_measure, texts: list[str]) -> dict:
 def measure_task(model, tokenizer, held_out: Dataset, rewards: list, args, config, text: list[Shard] | None,
                  task_measure=None) -> TaskMeasure:  # fmt: skip
     """The measures of `model` on the `held_out` prompts (see the module doc); `args` gives
-    `eval_samples_per_prompt` and `eval_max_new_tokens`, the method's TRL `config` the seed and the precision and
+    `eval_sampled_prompts` and `eval_max_new_tokens`, the method's TRL `config` `num_generations_eval`, the seed and the
+    precision and
     device of the bits per byte, `text` the validation text (None: not measured), `task_measure` the task's own
     measure of the sampled texts (`Task.measure`; None: none)."""
     tokens, seed = args.eval_max_new_tokens, config.seed
     greedy = sample(model, tokenizer, held_out, 1, tokens, seed, GREEDY, config)
     sampled_rows = held_out.select(range(min(len(held_out), args.eval_sampled_prompts or len(held_out))))
-    sampled = sample(model, tokenizer, sampled_rows, args.eval_samples_per_prompt, tokens, seed, SAMPLING, config)
+    sampled = sample(model, tokenizer, sampled_rows, config.num_generations_eval, tokens, seed, SAMPLING, config)
     texts = [completion_text(completion) for completion in sampled.completions]
     per_prompt = sampled.per_prompt
     examples = [
@@ -194,4 +196,5 @@ def measure_task(model, tokenizer, held_out: Dataset, rewards: list, args, confi
         cut_share=sampled.cut_share,
         max_new_tokens=tokens,
         precision=precision_name(config),
+        samples_per_prompt=per_prompt,
     )

@@ -64,6 +64,27 @@ def defaults_help(method: str) -> str:
     )
 
 
+RENAMED = {"eval_samples_per_prompt": "num_generations_eval"}  # an earlier flag: its name now, TRL's
+
+
+def renamed(argv: list[str], arguments: dict) -> list[str]:
+    """`argv` with each flag of `RENAMED` under its name now, saying so.
+
+    Raises:
+        ValueError: the arguments file's `arguments` name a flag of `RENAMED` (the file is the user's to edit).
+    """
+    if old := sorted(set(arguments) & set(RENAMED)):
+        raise ValueError(f"the arguments file sets {old[0]}, which is now {RENAMED[old[0]]} (TRL's name): rename it.")
+    out = []
+    for item in argv:
+        flag, equals, value = item.partition("=")
+        if flag.startswith("--") and flag[2:] in RENAMED:
+            print(f"[minirope] {flag} is now --{RENAMED[flag[2:]]} (TRL's name); the run takes it as that.")
+            item = f"--{RENAMED[flag[2:]]}{equals}{value}"
+        out.append(item)
+    return out
+
+
 TOGETHER = {"reward_funcs": ("reward_weights", "rejected_by")}  # a recipe's values that only go with its own rewards
 
 
@@ -152,6 +173,7 @@ def parse_args(argv: list[str] | None = None) -> tuple:
         argv = ["--method", *argv]
     argv = [part for item in argv for part in (item.split("=", 1) if item.startswith("--config=") else [item])]
     arguments = arguments_file(argv)
+    argv = renamed(argv, arguments)
     known = preparse(argv, arguments)
     types = import_module(f"minirope.posttraining.{known.method}").ARGUMENTS
     sized = known.sized_defaults()

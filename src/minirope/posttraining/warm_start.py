@@ -137,7 +137,7 @@ def answer_warm_start(setup, args, measured) -> WarmStart | None:
     share, prompts = measured.failing_share, setup.data.rows
     if not args.answer_warm_start or prompts is None or args.sft_steps is not None:
         return None
-    if share is None or share < WARM_START_SHARE or args.eval_samples_per_prompt < SIGNAL_SAMPLES:
+    if share is None or share < WARM_START_SHARE or (measured.samples_per_prompt or 0) < SIGNAL_SAMPLES:
         return None
     if setup.model_args.saves_adapter:  # the adapter saved alone is for the model as it was given
         return None
