@@ -103,7 +103,7 @@ class CpuDefaults(TokenNotSaved):
         metadata={
             "help": "bf16 mixed precision for the method, the warm start and the measures. Default: on a GPU that "
             "supports it; float32 on a CPU, where GRPO learned less in bf16 (or no more, slower) even where its "
-            "matmuls run faster (their speed is timed at start and printed; docs/studies/user_tasks.md)."
+            "matmuls run faster, so nothing is timed there (docs/studies/user_tasks.md)."
         },
     )
     use_cpu: bool | None = field(
