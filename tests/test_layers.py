@@ -1,5 +1,5 @@
-"""The house's rules, read from the source: imports only run downwards through the rooms, and no module imports
-itself back through another (docs/architecture.md draws the rooms)."""
+"""The layout's rules, read from the source: imports only run downwards through the layers, and no module imports
+itself back through another (docs/architecture.md draws the layers)."""
 
 import ast
 from pathlib import Path
@@ -7,14 +7,14 @@ from pathlib import Path
 import minirope
 
 PACKAGE = Path(minirope.__file__).parent
-# each room, and the rooms it may import: the model files at the top level, then data, output, training,
+# each layer, and the layers it may import: the model files at the top level, then data, output, training,
 # post-training and the commands, each on the ones before it
-ROOMS = ("top", "data", "output", "training", "posttraining", "commands")
+LAYERS = ("top", "data", "output", "training", "posttraining", "commands")
 
 
-def room(module: str) -> str:
+def layer(module: str) -> str:
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in ROOMS else "top"
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "top"
 
 
 def modules() -> dict[str, Path]:
@@ -49,13 +49,13 @@ def graph() -> dict[str, set[str]]:
 
 def test_imports_only_run_downwards_through_the_rooms():
     upward = [
-        f"{name} ({room(name)}) imports {other} ({room(other)})"
+        f"{name} ({layer(name)}) imports {other} ({layer(other)})"
         for name, others in graph().items()
         for other in others
-        if ROOMS.index(room(other)) > ROOMS.index(room(name))
+        if LAYERS.index(layer(other)) > LAYERS.index(layer(name))
     ]
     assert upward == []
-    assert {room(name) for name in graph()} == set(ROOMS)  # every room exists
+    assert {layer(name) for name in graph()} == set(LAYERS)  # every layer exists
 
 
 def test_no_module_imports_itself_back_through_others():
