@@ -47,7 +47,7 @@ def graph() -> dict[str, set[str]]:
             for name, path in known.items()}  # fmt: skip
 
 
-def test_imports_only_run_downwards_through_the_rooms():
+def test_imports_only_run_downwards_through_the_layers():
     upward = [
         f"{name} ({layer(name)}) imports {other} ({layer(other)})"
         for name, others in graph().items()
