@@ -79,3 +79,9 @@ def test_a_guide_page_keeps_its_dated_history_to_three_lines(page):
     lines = [line for line in prose.splitlines() if not line.startswith("|")]
     dated = [line for line in lines if re.search(r"\b20\d\d-\d\d-\d\d\b", line)]
     assert len(dated) <= 3, "\n".join(dated)
+
+
+@pytest.mark.parametrize("page", sorted((ROOT / "docs").glob("*.md")), ids=lambda page: page.name)
+def test_a_guide_page_is_at_most_250_lines(page):
+    """A guide page is a reference or a how-to a reader finishes; what is longer belongs to a study or a new page."""
+    assert len(page.read_text().splitlines()) <= 250
