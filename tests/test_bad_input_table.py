@@ -301,7 +301,7 @@ CASES = [
     (FINETUNE, ["--model_name_or_path", "{model}", "--output_dir", "{model}/tuned", *PLAY_DATA], "is inside"),
     (FINETUNE, ["--model_name_or_path", "{model}", "--output_dir", "{w}", *PLAY_DATA], "--output_dir {w} holds"),
     (FINETUNE, [*F, "--play", "hamlett"], "--play 'hamlett' is not in the corpus"),
-    (FINETUNE, [*F, *PLAY_DATA, "--heap_trim_seconds", "-1"], "--heap_trim_seconds must be >= 0 (0: never)"),
+    (FINETUNE, [*F, *PLAY_DATA, "--heap_trim_seconds", "-1"], "MINIROPE_HEAP_TRIM_SECONDS=-1: give a number"),
     (
         FINETUNE,
         ["--model_name_or_path", "{model}", "--output_dir", "{w}/notes", *PLAY_DATA],
@@ -466,9 +466,13 @@ CASES = [
     (POSTTRAIN, [*GRPO, "--sft_train_file", "{w}/none.txt"], "data file {w}/none.txt does not exist"),
     (POSTTRAIN, [*GRPO, "--sft_train_file", "{w}/latin1.txt"], "latin1.txt is not UTF-8 text (byte 0xe9 at offset"),
     (POSTTRAIN, [*GRPO, "--sft_train_file", "{w}/demos-*.jsonl"], "--sft_train_file {w}/demos-*.jsonl matches no file"),
-    (POSTTRAIN, [*GRPO, "--sft_batch_size", "0"], "--sft_batch_size must be >= 1, got 0"),
-    (POSTTRAIN, [*GRPO, "--sft_lm_coef", "-1"], "--sft_lm_coef must be >= 0, got -1"),
-    (POSTTRAIN, [*GRPO, "--heap_trim_seconds", "-1"], "--heap_trim_seconds must be >= 0, got -1"),
+    (POSTTRAIN, [*GRPO, "--sft_batch_size", "0"], "--sft_config per_device_train_batch_size must be >= 1, got 0"),
+    (POSTTRAIN, [*GRPO, "--sft_config", '{{"lm_coef": -1}}'], "--sft_config lm_coef must be >= 0, got -1"),
+    (POSTTRAIN, [*GRPO, "--sft_config", "{{learning_rate: 1}}"], "--sft_config {{learning_rate: 1}}: not JSON"),
+    (POSTTRAIN, [*GRPO, "--sft_config", '{{"lr": 1e-3}}'], "--sft_config lr: not a flag of TRL's SFTConfig"),
+    (POSTTRAIN, [*GRPO, "--sft_config", '{{"max_steps": 9}}'], "--sft_config max_steps: the warm start takes it from"),
+    (POSTTRAIN, [*GRPO, "--sft_batch_size", "eight"], "--sft_batch_size 'eight': not a number"),
+    (POSTTRAIN, [*GRPO, "--heap_trim_seconds", "-1"], "MINIROPE_HEAP_TRIM_SECONDS=-1: give a number of seconds >= 0"),
     (
         POSTTRAIN,
         [*DPO, "--reward_weights", "1"],
@@ -476,8 +480,8 @@ CASES = [
     ),
     (
         POSTTRAIN,
-        [*GRPO, "--sft_lm_coef", "0.5", "--model_name_or_path", "{w}/model-other"],
-        "--sft_lm_coef 0.5 needs the text",
+        [*GRPO, "--sft_config", '{{"lm_coef": 0.5}}', "--model_name_or_path", "{w}/model-other"],
+        "--sft_config lm_coef 0.5 needs the text",
     ),
     (
         POSTTRAIN,

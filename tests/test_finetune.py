@@ -48,9 +48,9 @@ def test_lora_merged_and_adapter_only(tiny_pretrained, tmp_path, capsys, monkeyp
     out, plain = capsys.readouterr().out, len(forwards)
     assert (trimmed in out) == (malloc_trim() is not None) and sized not in out
     monkeypatch.setattr("minirope.training.sizing.RELEASED_SIZE", 0)
+    monkeypatch.setenv("MINIROPE_HEAP_TRIM_SECONDS", "0")  # never
     adapter = finetune_run(
         tiny_pretrained, tmp_path / "adapter", "--play", "the-tempest", "--use_peft", "--merge_lora", "False",
-        "--heap_trim_seconds", "0",
     )  # fmt: skip
     out = capsys.readouterr().out
     assert trimmed not in out and sized in out

@@ -107,7 +107,8 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
     out = tmp_path / "grpo"
     result = posttrain.run([
         "--method", "grpo", "--model_name_or_path", str(tiny_pretrained), "--output_dir", str(out), *tiny_post,
-        *TINY_GRPO, "--lm_coef", "0.5", "--sft_lm_coef", "1", "--lm_batch_size", "2", "--weight_interpolation", "0.5",
+        *TINY_GRPO, "--lm_coef", "0.5", "--sft_config", '{"lm_coef": 1, "lr_scheduler_type": "constant"}',
+        "--lm_batch_size", "2", "--weight_interpolation", "0.5",
         "--beta", "0.04",  # a KL term (the default is 0): its reference model is the warm-started one
     ])  # fmt: skip
     printed = capsys.readouterr().out
@@ -120,6 +121,7 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
     assert written["warm_start"]["steps"] == 2 and "iambic lines" in written["warm_start"]["data"]
     assert written["warm_start"]["batch_size"] == 8 and written["warm_start"]["lm_coef"] == 1
     assert seen["warm_start"].lm_coef == 1 and seen["tokenized"] == 1
+    assert seen["warm_start"].args.lr_scheduler_type == "constant"  # --sft_config's SFTConfig flag, over minirope's
     warm_logged = seen["warm_start"].state.log_history
     assert isinstance(seen["warm_start"], SFTTrainer) and sum("lm_loss" in entry for entry in warm_logged) == 2
     assert written["warm_start"]["after"]["lines"] > 0 and written["warm_start"]["after"]["validation_bits_per_byte"]
@@ -130,6 +132,11 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
     assert written["recipe"]["values"]["learning_rate"] == 6e-4 and "beta" not in written["recipe"]["values"]
     assert written["settings"]["learning_rate"] == {"value": 6e-4, "source": "recipe"}
     assert written["settings"]["beta"] == {"value": 0.04, "source": "command line"}
+    assert written["settings"]["sft_config"]["value"] == {"lm_coef": 1, "per_device_train_batch_size": 8,
+                                                          "lr_scheduler_type": "constant"}  # fmt: skip
+    assert written["settings"]["sft_config"]["sources"] == {
+        "lm_coef": "command line", "lr_scheduler_type": "command line", "per_device_train_batch_size": "method recipe"
+    }  # fmt: skip
     assert written["reward_weights"] == [1.0, 1.5] and written["beta"] == 0.04  # its weights; the flag given
     for side in ("before", "after"):
         assert written[side]["lines"] > 0 and 0 <= written[side]["scan_share"] <= 1
@@ -338,6 +345,30 @@ def test_the_measures_samples_take_trls_name_and_the_earlier_flag_still_sets_the
         parse_args(model + ["--method", method, "--config", str(old)])
     with pytest.raises(ValueError, match="--num_generations_eval must be >= 1"):
         parse_args(model + ["--method", method, "--num_generations_eval", "0"])
+
+
+def test_sft_config_merges_key_by_key_and_the_earlier_flags_become_its_keys(tiny_pretrained, tmp_path, capsys):
+    """`--sft_config` (the warm start's SFTConfig flags): the method recipe's keys, a --config file's over them, the
+    command line's over both, each key's source recorded; `--sft_batch_size` / `--sft_learning_rate` are read as its
+    keys with a note (the command line's own keys win); in a --config file an earlier key is refused."""
+    model = ["--method", "dpo", "--model_name_or_path", str(tiny_pretrained), "--dataset_name", "rows"]
+    args = parse_args(model)[0]
+    assert args.sft_config == {"lm_coef": 0.5, "per_device_train_batch_size": 8}  # dpo.yaml
+    file = tmp_path / "run.yaml"
+    file.write_text("sft_config:\n  learning_rate: 0.0001\n  lm_coef: 0.25\n")
+    args = parse_args([*model, "--config", str(file), "--sft_config", '{"lm_coef": 0}', "--sft_batch_size", "4",
+                       "--sft_learning_rate=2e-4"])[0]  # fmt: skip
+    assert args.sft_config == {"lm_coef": 0, "per_device_train_batch_size": 4, "learning_rate": 2e-4}
+    assert args.sft_sources == {"lm_coef": "command line", "per_device_train_batch_size": "command line",
+                                "learning_rate": "command line"}  # fmt: skip
+    assert "--sft_learning_rate, --sft_batch_size now are keys of --sft_config" in capsys.readouterr().out
+    args = parse_args([*model, "--config", str(file)])[0]
+    assert args.sft_config == {"lm_coef": 0.25, "per_device_train_batch_size": 8, "learning_rate": 1e-4}
+    assert args.sft_sources["learning_rate"] == "--config" and args.sft_given == {"learning_rate", "lm_coef"}
+    assert args.sft_sources["per_device_train_batch_size"] == "method recipe"
+    file.write_text("sft_batch_size: 4\n")
+    with pytest.raises(ValueError, match="sft_batch_size, which is now the per_device_train_batch_size key"):
+        parse_args([*model, "--config", str(file)])
 
 
 def test_corpus_blocks_are_tokenized_once_for_each_context(tiny_pretrained, tmp_path):
@@ -710,7 +741,8 @@ def test_a_lora_model_samples_on_its_merged_adapter_and_gets_its_base_weights_ba
 def test_grpo_warm_starts_on_the_rows_answers_when_every_group_scores_alike(tiny_pretrained, tmp_path, monkeypatch,
                                                                           capsys):  # fmt: skip
     """A reward that scores every sample alike gives GRPO nothing; the rows carry a `solution`, so instead of refusing,
-    the run first fine-tunes on them (TRL's SFTTrainer, one epoch of --sft_batch_size rows), says so, and trains."""
+    the run first fine-tunes on them (TRL's SFTTrainer, one epoch; the earlier --sft_batch_size read as --sft_config's
+    per_device_train_batch_size, with a note), says so, and trains."""
     (tmp_path / "flat_rewards.py").write_text("def zero(completions, **kwargs):\n    return [0.0] * len(completions)\n")
     monkeypatch.chdir(tmp_path)
     folder = problems_folder(tmp_path, test_split=True)
@@ -723,7 +755,9 @@ def test_grpo_warm_starts_on_the_rows_answers_when_every_group_scores_alike(tiny
     assert run_summary["warm_start"]["steps"] == 3  # every training row (24, not --num_prompts 8), 10 a step
     assert run_summary["warm_start"]["data"] == "the training rows' prompts and their `solution` column"
     assert run_summary["before"]["prompts_with_alike_samples_share"] == 1.0
-    assert "first 3 steps of supervised fine-tuning on the training rows' prompts" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "first 3 steps of supervised fine-tuning on the training rows' prompts" in printed
+    assert """--sft_config '{"per_device_train_batch_size": 10}'""" in printed
     start, written = load_file(tiny_pretrained / "model.safetensors"), load_file(out / "model.safetensors")
     assert any(not torch.equal(written[name], start[name]) for name in start)
     loads_and_generates(out)
@@ -1075,7 +1109,7 @@ def test_the_corpus_term_is_refused_under_deepspeed():
 
     deepspeed, plain = SimpleNamespace(deepspeed="ds_config.json"), SimpleNamespace(deepspeed=None)
     term = SimpleNamespace(shards=["text"], coef=0.5, warm_coef=0.0)
-    with pytest.raises(ValueError, match=r"the corpus term \(--lm_coef 0.5, --sft_lm_coef 0.0\) .* DeepSpeed"):
+    with pytest.raises(ValueError, match=r"the corpus term \(--lm_coef 0.5, during the warm start 0.0\) .* DeepSpeed"):
         check_corpus_term(term, deepspeed)
     check_corpus_term(term, plain)
     check_corpus_term(SimpleNamespace(shards=["text"], coef=0.0, warm_coef=0.0), deepspeed)

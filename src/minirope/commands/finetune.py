@@ -57,7 +57,7 @@ from minirope.training.arguments import (
     start_run,
 )
 from minirope.training.checkpoints import check_resume
-from minirope.training.heap import HEAP_TRIM_HELP, TRIM_INTERVAL_S, trimmed_training
+from minirope.training.heap import moved_trim_flag, trimmed_training
 from minirope.training.metrics import IGNORE_INDEX
 from minirope.training.precision import avoid_cudnn_attention
 from minirope.training.sizing import sized_checkpointing
@@ -188,12 +188,6 @@ class FinetuningArguments(MiniRopeTrainingArguments):
     save_strategy: str = retuned(TrainingArguments, "save_strategy", "epoch")
     save_total_limit: int | None = retuned(TrainingArguments, "save_total_limit", 1)
     logging_steps: float = retuned(TrainingArguments, "logging_steps", 5)
-    heap_trim_seconds: float = field(default=TRIM_INTERVAL_S, metadata={"help": HEAP_TRIM_HELP})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.heap_trim_seconds < 0:
-            raise ValueError(f"--heap_trim_seconds must be >= 0 (0: never), got {self.heap_trim_seconds}.")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple:
@@ -252,13 +246,14 @@ def run(argv: list[str] | None = None) -> dict:
     Raises:
         ValueError, OSError: bad flags, model folder or data (see `minirope-finetune --help`); nothing is written.
     """
+    argv = moved_trim_flag(sys.argv[1:] if argv is None else list(argv))
     dataclasses = (ModelArguments, LoraArguments, FinetuneDataArguments, FinetuningArguments)
     inputs = lambda model_args, *_: {"--model_name_or_path": model_args.model_name_or_path}  # noqa: E731
     model_args, lora_args, data_args, training_args, start = start_run(dataclasses, argv, inputs)
-    note_old_names(sys.argv[1:] if argv is None else argv)
+    note_old_names(argv)
     if lora_args.use_peft:  # the `peft` extra: a missing one is one line (run_cli), before the model is read
         import peft  # noqa: F401
-    with trimmed_training(training_args.device.type == "cpu", training_args.heap_trim_seconds):
+    with trimmed_training(training_args.device.type == "cpu"):
         return fine_tune(model_args, lora_args, data_args, training_args, start)
 
 

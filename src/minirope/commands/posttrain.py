@@ -51,7 +51,7 @@ def run(argv: list[str] | None = None) -> dict:
     print(f"[minirope] flags beside TRL's defaults, by source: {', '.join(f'{n} {s}' for s, n in sources.items())} "
           f"(each in run_summary.json, `settings`)")  # fmt: skip
     script = importlib.import_module(f"minirope.posttraining.{args.method}")  # grpo, dpo or distill
-    with trimmed_training(config.device.type == "cpu", args.heap_trim_seconds):
+    with trimmed_training(config.device.type == "cpu"):
         return script.post_train(args, config, model_args, split)
 
 

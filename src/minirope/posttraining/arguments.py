@@ -9,16 +9,16 @@ behind it.
 `minirope.posttraining.parsing.parse_args` reads them.
 """
 
+import json
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import ClassVar
 
-from trl import ScriptArguments
+from trl import ScriptArguments, SFTConfig
 
 from minirope.data.pipeline import check_percentage
 from minirope.training.arguments import read_arguments_file
-from minirope.training.heap import HEAP_TRIM_HELP, TRIM_INTERVAL_S
 
 METHODS = ("grpo", "dpo", "distill")
 RECIPES = Path(__file__).parent / "recipes"
@@ -56,6 +56,8 @@ class PosttrainArguments(ScriptArguments):
     recipe: ClassVar[dict] = {}  # the --task recipe's values the run takes (no flag or --config set them)
     recipe_path: ClassVar[str | None] = None
     method_recipe: ClassVar[dict] = {}  # the method recipe's values the run takes (nothing above set them)
+    sft_given: ClassVar[frozenset] = frozenset()  # the keys of --sft_config the user set (command line, --config)
+    sft_sources: ClassVar[dict] = {}  # each key of --sft_config: where its value came from
     method: str = field(
         default="grpo", metadata={"help": "grpo (reward), dpo (preference pairs) or distill (a teacher)."}
     )
@@ -150,18 +152,14 @@ class PosttrainArguments(ScriptArguments):
             "(text, prompt/completion, messages), or .txt files (each one text row)."
         },
     )
-    sft_learning_rate: float | None = field(
-        default=None,
-        metadata={"help": "The warm start's peak learning rate; default 3e-4, with --use_peft 1e-3 (LoRA's)."},
-    )
-    sft_batch_size: int | None = field(
-        default=None, metadata={"help": "The warm start's rows (blocks) a step. Default: the method's recipe's."}
-    )
-    sft_lm_coef: float | None = field(
+    sft_config: dict | str | None = field(
         default=None,
         metadata={
-            "help": "The corpus term's weight during the warm start (--lm_coef's text) where there is a corpus, else "
-            "off. Default: the method's recipe's."
+            "help": "The warm start's TRL SFTConfig flags, as a JSON mapping (a mapping in a --config YAML file), "
+            'the way TRL takes --model_init_kwargs: e.g. \'{"learning_rate": 1e-3, '
+            "\"per_device_train_batch_size\": 16}', and lm_coef, the corpus term's weight during it (--lm_coef's "
+            "text, where there is a corpus). Each key given replaces that key of the recipe's mapping. Default: the "
+            "method's recipe's, a learning rate of 3e-4 (with --use_peft 1e-3), cosine, 5 warm-up steps."
         },
     )
     weight_interpolation: float = field(
@@ -188,7 +186,6 @@ class PosttrainArguments(ScriptArguments):
             "held-out prompts with the model's replies in run_summary.json; by default they stay on this machine."
         },
     )
-    heap_trim_seconds: float = field(default=TRIM_INTERVAL_S, metadata={"help": HEAP_TRIM_HELP})
     eval_prompts: int | None = field(
         default=None,
         metadata={"help": "Held-out prompts measured before and after: default all (a --task recipe sets its own)."},
@@ -213,17 +210,14 @@ class PosttrainArguments(ScriptArguments):
     )
 
     def __post_init__(self) -> None:
-        for name in ("num_prompts", "lm_batch_size", "sft_batch_size", "eval_prompts", "eval_sampled_prompts",
-                     "eval_max_new_tokens"):  # fmt: skip
+        for name in ("num_prompts", "lm_batch_size", "eval_prompts", "eval_sampled_prompts", "eval_max_new_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}.")
         if self.sft_steps is not None and self.sft_steps < 0:
             raise ValueError(f"--sft_steps must be >= 0 (0: no warm start), got {self.sft_steps}.")
-        if self.sft_learning_rate is not None and not self.sft_learning_rate > 0:
-            raise ValueError(f"--sft_learning_rate must be > 0, got {self.sft_learning_rate}: e.g. 3e-4.")
-        for name in ("lm_coef", "sft_lm_coef", "heap_trim_seconds"):
-            if getattr(self, name) is not None and getattr(self, name) < 0:
-                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}.")
+        if self.lm_coef is not None and self.lm_coef < 0:
+            raise ValueError(f"--lm_coef must be >= 0, got {self.lm_coef}.")
+        self.sft_config = sft_mapping(self.sft_config)
         if not 0 < self.weight_interpolation <= 1:
             raise ValueError(f"--weight_interpolation must be in (0, 1], got {self.weight_interpolation}.")
         check_percentage(self.validation_split_percentage)
@@ -253,6 +247,16 @@ class PosttrainArguments(ScriptArguments):
             return self.sft_steps
         return self.sft_steps_with_file if self.sft_train_file else 0
 
+    @property
+    def sft_batch_size(self) -> int:
+        """The warm start's rows a step: `--sft_config`'s `per_device_train_batch_size`, else SFTConfig's default."""
+        return self.sft_config.get("per_device_train_batch_size", SFTConfig.per_device_train_batch_size)
+
+    @property
+    def sft_lm_coef(self) -> float:
+        """The corpus term's weight during the warm start: `--sft_config`'s `lm_coef`, else 0."""
+        return self.sft_config.get("lm_coef", 0.0)
+
     def check_task(self, task) -> None:
         """The method's checks of the run's `Task` and rewards before any work; the base takes every task."""
 
@@ -272,3 +276,40 @@ class PosttrainArguments(ScriptArguments):
     def rejected_by_used(self, task) -> str | None:
         """How the run's own preference pairs chose their rejected sample (`--rejected_by`); None: no own pairs."""
         return None
+
+
+SFT_RUN = ("output_dir", "max_steps", "seed", "save_strategy", "report_to", "bf16", "fp16", "use_cpu")  # the run's
+
+
+def sft_mapping(value: dict | str | None, flag: str = "--sft_config") -> dict:
+    """`--sft_config` as a mapping: a JSON text read, a mapping checked; {} for None.
+
+    Raises:
+        ValueError: text that is not a JSON mapping; a key that is neither a flag of TRL's `SFTConfig` nor `lm_coef`;
+            a key the run sets itself (`SFT_RUN`: the steps are --sft_steps, the precision and seed the method's);
+            `lm_coef` below 0, a learning rate not above 0 or a batch below 1.
+    """
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{flag} {value}: not JSON ({error.msg}); give a mapping such as "
+                             f"'{{\"learning_rate\": 1e-3}}'.") from None  # fmt: skip
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag} must be a mapping of SFTConfig flags, such as '{{\"learning_rate\": 1e-3}}'.")
+    for key in value:
+        if key in SFT_RUN:
+            fix = "--sft_steps N" if key == "max_steps" else "the method's own flag"
+            raise ValueError(f"{flag} {key}: the warm start takes it from the run; give {fix} instead.")
+        if key != "lm_coef" and key not in SFTConfig.__dataclass_fields__:
+            raise ValueError(f"{flag} {key}: not a flag of TRL's SFTConfig (nor lm_coef); `trl sft --help` lists them.")
+    if value.get("lm_coef", 0) < 0:
+        raise ValueError(f"{flag} lm_coef must be >= 0, got {value['lm_coef']}.")
+    if "learning_rate" in value and not value["learning_rate"] > 0:
+        raise ValueError(f"{flag} learning_rate must be > 0, got {value['learning_rate']}: e.g. 3e-4.")
+    if value.get("per_device_train_batch_size", 1) < 1:
+        raise ValueError(f"{flag} per_device_train_batch_size must be >= 1, got "
+                         f"{value['per_device_train_batch_size']}.")  # fmt: skip
+    return dict(value)

@@ -70,10 +70,10 @@ def corpus_of(args: PosttrainArguments, model: str) -> Corpus:
     the module doc).
 
     Raises:
-        ValueError: `--lm_coef` or `--sft_lm_coef` above 0 with no text to take it on; FileNotFoundError: a missing
-            file or dataset.
+        ValueError: `--lm_coef` or `--sft_config`'s `lm_coef` above 0 with no text to take it on;
+            FileNotFoundError: a missing file or dataset.
     """
-    coef, warm_coef = args.lm_coef or 0.0, (args.sft_lm_coef or 0.0) if args.warm_start_steps else 0.0
+    coef, warm_coef = args.lm_coef or 0.0, args.sft_lm_coef if args.warm_start_steps else 0.0
     validation = file_shards(args.lm_validation_file, "text", flag="--lm_validation_file") if (
         args.lm_validation_file) else None  # fmt: skip
     base = trained_on(model)
@@ -86,8 +86,10 @@ def corpus_of(args: PosttrainArguments, model: str) -> Corpus:
         source = f"{BUNDLED_CORPUS}, which {model} was trained on"
         shards = bundled_shards("train") if coef or warm_coef else None
         return Corpus(shards, coef, warm_coef, source, validation or bundled_shards("validation"), base)
-    for flag, value in (("--lm_coef", args.lm_coef), ("--sft_lm_coef", args.sft_lm_coef)):
-        if value and flag[2:] in args.given:  # a recipe's weight applies only where there is a corpus
+    weights = (("--lm_coef", args.lm_coef, "lm_coef" in args.given),
+               ("--sft_config lm_coef", args.sft_lm_coef, "lm_coef" in args.sft_given))  # fmt: skip
+    for flag, value, given in weights:
+        if value and given:  # a recipe's weight applies only where there is a corpus
             raise ValueError(
                 f"{flag} {value} needs the text the model was pretrained on: give --lm_train_file or "
                 f"--lm_dataset_name ({model} does not say it was trained on the bundled plays)."
@@ -102,15 +104,15 @@ def check_corpus_term(corpus: Corpus, config) -> None:
     the backward and the step).
 
     Raises:
-        ValueError: a corpus term (`--lm_coef`, `--sft_lm_coef`) in a DeepSpeed run (`--deepspeed`, or accelerate's
-            DeepSpeed plugin).
+        ValueError: a corpus term (`--lm_coef`, `--sft_config`'s `lm_coef`) in a DeepSpeed run (`--deepspeed`, or
+            accelerate's DeepSpeed plugin).
     """
     deepspeed = bool(config.deepspeed) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     if deepspeed and corpus.shards is not None and (corpus.coef or corpus.warm_coef):
         raise ValueError(
-            f"the corpus term (--lm_coef {corpus.coef}, --sft_lm_coef {corpus.warm_coef}) is a second backward pass "
-            f"after TRL's step, which DeepSpeed does not take: pass --lm_coef 0 --sft_lm_coef 0 under DeepSpeed, or "
-            f"train without it."
+            f"the corpus term (--lm_coef {corpus.coef}, during the warm start {corpus.warm_coef}) is a second backward "
+            f"pass after TRL's step, which DeepSpeed does not take: pass --lm_coef 0 --sft_config "
+            f"'{{\"lm_coef\": 0}}' under DeepSpeed, or train without it."
         )
 
 

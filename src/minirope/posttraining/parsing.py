@@ -6,6 +6,7 @@ order of precedence: the command line, the `--config` file, the defaults sized f
 (`recipe`), the method's recipe (`arguments.method_recipe`), then the method's TRL config. The flags themselves are
 `minirope.posttraining.arguments`' and `configs`'."""
 
+import json
 import sys
 from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum
@@ -15,10 +16,11 @@ from pathlib import Path
 from transformers import HfArgumentParser
 from trl import TrlParser
 
-from minirope.posttraining.arguments import METHODS, RECIPES, PosttrainArguments, method_recipe
+from minirope.posttraining.arguments import METHODS, RECIPES, PosttrainArguments, method_recipe, sft_mapping
 from minirope.posttraining.sizing import count_parameters, sized_defaults
 from minirope.posttraining.tasks import bundled, default_task, recipe_path
 from minirope.training.arguments import given_flags, json_arguments, read_arguments_file
+from minirope.training.heap import moved_trim_flag
 
 
 @dataclass
@@ -65,23 +67,55 @@ def defaults_help(method: str) -> str:
 
 
 RENAMED = {"eval_samples_per_prompt": "num_generations_eval"}  # an earlier flag: its name now, TRL's
+INTO_SFT_CONFIG = {"sft_learning_rate": "learning_rate", "sft_batch_size": "per_device_train_batch_size",
+                   "sft_lm_coef": "lm_coef"}  # earlier flags: their key of --sft_config now  # fmt: skip
+MERGED = ("sft_config",)  # mappings whose keys each layer sets one by one (a layer replaces the keys it names)
 
 
 def renamed(argv: list[str], arguments: dict) -> list[str]:
-    """`argv` with each flag of `RENAMED` under its name now, saying so.
+    """`argv` with each flag of `RENAMED` under its name now and those of `INTO_SFT_CONFIG` as keys of `--sft_config`
+    (below the keys it gives itself), saying so.
 
     Raises:
-        ValueError: the arguments file's `arguments` name a flag of `RENAMED` (the file is the user's to edit).
+        ValueError: the arguments file's `arguments` name an earlier flag (the file is the user's to edit), or an
+            earlier warm-start flag's value is not a number.
     """
-    if old := sorted(set(arguments) & set(RENAMED)):
-        raise ValueError(f"the arguments file sets {old[0]}, which is now {RENAMED[old[0]]} (TRL's name): rename it.")
-    out = []
-    for item in argv:
+    if old := sorted(set(arguments) & {*RENAMED, *INTO_SFT_CONFIG}):
+        now = RENAMED.get(old[0]) or f"the {INTO_SFT_CONFIG.get(old[0])} key of sft_config"
+        raise ValueError(f"the arguments file sets {old[0]}, which is now {now} (TRL's name): rename it.")
+    out, into, items = [], {}, iter(argv)
+    for item in items:
         flag, equals, value = item.partition("=")
-        if flag.startswith("--") and flag[2:] in RENAMED:
-            print(f"[minirope] {flag} is now --{RENAMED[flag[2:]]} (TRL's name); the run takes it as that.")
-            item = f"--{RENAMED[flag[2:]]}{equals}{value}"
-        out.append(item)
+        name = flag[2:] if flag.startswith("--") else None
+        if name in INTO_SFT_CONFIG:
+            value = value if equals else next(items, "")
+            try:
+                into[INTO_SFT_CONFIG[name]] = (int if name == "sft_batch_size" else float)(value)
+            except ValueError:
+                raise ValueError(f"{flag} {value!r}: not a number.") from None
+            continue
+        if name in RENAMED:
+            print(f"[minirope] {flag} is now --{RENAMED[name]} (TRL's name); the run takes it as that.")
+            item = f"--{RENAMED[name]}{equals}{value}"
+        out.extend(item.split("=", 1) if flag == "--sft_config" else [item])
+    if into:
+        print(f"[minirope] {', '.join(f'--{name}' for name in INTO_SFT_CONFIG if INTO_SFT_CONFIG[name] in into)} "
+              f"now {'are keys' if len(into) > 1 else 'is a key'} of --sft_config (the warm start's SFTConfig flags): "
+              f"the run takes --sft_config '{json.dumps(into)}'.")  # fmt: skip
+        if "--sft_config" in out[:-1]:
+            at = out.index("--sft_config") + 1
+            out[at] = json.dumps({**into, **sft_mapping(out[at])})
+        else:
+            out += ["--sft_config", json.dumps(into)]
+    return out
+
+
+def layered(*layers: dict) -> dict:
+    """The flags of `layers`, each over the ones before it; a mapping of `MERGED` key by key."""
+    out = {}
+    for layer in layers:
+        for name, value in layer.items():
+            out[name] = {**out.get(name, {}), **value} if name in MERGED else value
     return out
 
 
@@ -103,7 +137,7 @@ def recipe(known: Preparsed, given: frozenset) -> tuple[dict, str | None]:
     for name, others in TOGETHER.items():
         if name in given:
             values = {key: value for key, value in values.items() if key not in others}
-    return {key: value for key, value in values.items() if key not in given}, path and str(path)
+    return {key: value for key, value in values.items() if key not in given or key in MERGED}, path and str(path)
 
 
 def preparse(argv: list[str], arguments: dict) -> Preparsed:
@@ -173,14 +207,14 @@ def parse_args(argv: list[str] | None = None) -> tuple:
         argv = ["--method", *argv]
     argv = [part for item in argv for part in (item.split("=", 1) if item.startswith("--config=") else [item])]
     arguments = arguments_file(argv)
-    argv = renamed(argv, arguments)
+    argv = renamed(moved_trim_flag(argv), arguments)
     known = preparse(argv, arguments)
     types = import_module(f"minirope.posttraining.{known.method}").ARGUMENTS
     sized = known.sized_defaults()
     given = given_flags(argv, arguments)
     recipe_values, path = ({}, None) if {"-h", "--help"} & set(argv) else recipe(known, given)
     own = method_recipe(known.method)
-    defaults = {**own, **recipe_values, **sized}
+    defaults = layered(own, recipe_values, sized)
     if json_arguments(argv):
         parsed = HfArgumentParser(types).parse_dict({**defaults, **arguments})
     else:
@@ -199,7 +233,21 @@ def parse_args(argv: list[str] | None = None) -> tuple:
     args.recipe = {name: value for name, value in recipe_values.items() if name not in args.sized}
     args.recipe_path = path
     args.method_recipe = {name: value for name, value in own.items() if name not in {*given, *args.sized, *args.recipe}}
+    merge_sft_config(args, defaults, arguments, (own, recipe_values, sized))
     return parsed
+
+
+def merge_sft_config(args, defaults: dict, arguments: dict, layers: tuple[dict, dict, dict]) -> None:
+    """`args.sft_config` key by key: the `--config` file's keys over the defaults' (`layers`: the method recipe, the
+    task's recipe, the sized defaults), the command line's over both; `args.sft_given`, the keys the user set, and
+    `args.sft_sources`, each key's source."""
+    given = args.sft_config if "sft_config" in args.command_line else {}
+    in_file = sft_mapping(arguments.get("sft_config"), "the --config file's sft_config")
+    args.sft_config = {**defaults.get("sft_config", {}), **in_file, **args.sft_config}
+    args.sft_given = frozenset({*in_file, *given})
+    sources = zip(("method recipe", "recipe", "sized", "--config", "command line"),
+                  (*(layer.get("sft_config") or {} for layer in layers), in_file, given), strict=True)  # fmt: skip
+    args.sft_sources = {key: source for source, layer in sources for key in layer}
 
 
 def trl_base(kind: type) -> type | None:
@@ -232,13 +280,20 @@ def settings(args, config, model_args) -> dict[str, dict]:
         given = {aliases.get(name, name) for name in args.given}
         for item in fields(parsed):
             value, default = getattr(parsed, item.name), trl_default(base, item.name)
-            if "token" in item.name or value == default or (default is MISSING and value is None):
+            skip = "token" in item.name or item.name in MERGED  # secrets; mappings, by key below
+            if skip or value == default or (default is MISSING and value is None):
                 continue
             source = ("command line" if item.name in named else "--config" if item.name in given
                       else "sized" if item.name in args.sized else "recipe" if item.name in args.recipe
                       else "method recipe" if item.name in args.method_recipe
                       else "minirope" if item.name in own else "TRL, from the others")  # fmt: skip
             found[item.name] = {"value": json_value(value), "source": source}
+    if args.sft_config:  # a mapping whose keys come from several layers: each key's source
+        found["sft_config"] = {
+            "value": json_value(args.sft_config),
+            "source": "by key",
+            "sources": {key: args.sft_sources.get(key, "minirope") for key in args.sft_config},
+        }
     return found
 
 

@@ -89,6 +89,7 @@ def run_summary(trainer, setup, args, before, after, train_metrics: dict, select
             "learning_rate": sft_learning_rate(args, setup.model_args.use_peft),
             "lora": setup.model_args.use_peft,
             "batch_size": args.sft_batch_size,
+            "sft_config": args.sft_config,
             "lm_coef": setup.corpus.warm_coef if setup.corpus.shards else 0.0,
             "after": warm.measured.as_dict(),
         }

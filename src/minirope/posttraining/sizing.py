@@ -68,7 +68,7 @@ def after_warm_start(args, config) -> dict:
 
 
 def sft_learning_rate(args, use_peft: bool) -> float:
-    """The warm start's peak learning rate: `--sft_learning_rate`, or `SFT_LEARNING_RATE` for full weights or LoRA
-    (with LoRA on SmolLM2-135M-Instruct, 1e-3 took two-digit sums answered alone from 0 % to 67 % in 20 steps of 16
-    rows, and to 94 % in one epoch of 1,900; docs/pretrained.md)."""
-    return args.sft_learning_rate if args.sft_learning_rate is not None else SFT_LEARNING_RATE[use_peft]
+    """The warm start's peak learning rate: `--sft_config`'s `learning_rate`, or `SFT_LEARNING_RATE` for full weights
+    or LoRA (with LoRA on SmolLM2-135M-Instruct, 1e-3 took two-digit sums answered alone from 0 % to 67 % in 20 steps
+    of 16 rows, and to 94 % in one epoch of 1,900; docs/pretrained.md)."""
+    return args.sft_config.get("learning_rate", SFT_LEARNING_RATE[use_peft])

@@ -1,13 +1,13 @@
 """The warm start: supervised fine-tuning on demonstrations of the task before the method, as InstructGPT fine-tunes
 on demonstrations before its RL (Ouyang et al. 2022, step 1) and DeepSeek-R1 starts RL from a "cold start" SFT.
 
-`--sft_steps N` runs TRL's `SFTTrainer` for N steps of `--sft_batch_size` rows on `--sft_train_file`'s rows (TRL's
-SFT formats: `text`, `prompt`/`completion` or `messages`; a `.txt` file is one `text` row), or on the task's own
-demonstrations (`Task.demonstrations`: text its rewards pay for, so that the method starts from a model that
-already writes more of it, without the narrowing a reward alone brings). Text rows are packed into blocks
-of the model's context ("wrapped"), as `minirope-finetune` packs plain text. The run's corpus term
-(`trainers.CorpusTerm`, on `--lm_coef`'s text) takes part in every warm-start update too, weighted `--sft_lm_coef`
-(the method's recipe's), so that demonstrations narrower than the pretraining text cost less of it.
+`--sft_steps N` runs TRL's `SFTTrainer` for N steps (its other SFTConfig flags: `--sft_config`) on
+`--sft_train_file`'s rows (TRL's SFT formats: `text`, `prompt`/`completion` or `messages`; a `.txt` file is one
+`text` row), or on the task's own demonstrations (`Task.demonstrations`: text its rewards pay for, so that the method
+starts from a model that already writes more of it, without the narrowing a reward alone brings). Text rows are packed
+into blocks of the model's context ("wrapped"), as `minirope-finetune` packs plain text. The run's corpus term
+(`trainers.CorpusTerm`, on `--lm_coef`'s text) takes part in every warm-start update too, weighted `--sft_config`'s
+`lm_coef` (the method's recipe's), so that demonstrations narrower than the pretraining text cost less of it.
 
 Where the rows of the user's task carry their answers (TRL's `solution` column, or a `completion`) and GRPO (or DPO
 ranking its own samples into pairs) would have little to learn from (`answer_warm_start`: the sampled completions of at
@@ -154,29 +154,32 @@ def answer_warm_start(setup, args, measured) -> WarmStart | None:
 
 
 def warm_start(setup, args, config):
-    """`setup.warm.steps` steps of `SFTTrainer` on `setup.warm.rows`, `args.sft_batch_size` rows a step at
-    `sft_learning_rate` (cosine, 5 warm-up steps, the method's precision and seed), with the corpus term at
+    """`setup.warm.steps` steps of `SFTTrainer` on `setup.warm.rows` at `sft_learning_rate` (cosine, 5 warm-up steps,
+    the method's precision and seed; `--sft_config` sets any other SFTConfig flag), with the corpus term at
     `setup.corpus.warm_coef`; with `--use_peft` a LoRA adapter, merged. The tuned model, saved to
     `warm_start_folder` (on the main process; another process's to a temporary folder of its own) and loaded back from
     there (`load_warm_started`)."""
     model, tokenizer, warm, model_args = setup.model, setup.tokenizer, setup.warm, setup.model_args
     with tempfile.TemporaryDirectory(prefix="minirope-warm-start-") as scratch:
+        given = {name: value for name, value in args.sft_config.items() if name not in ("lm_coef", "learning_rate")}
         sft = SFTConfig(
             output_dir=scratch,
             max_steps=warm.steps,
             learning_rate=sft_learning_rate(args, model_args.use_peft),
-            lr_scheduler_type="cosine",
-            warmup_steps=5,
-            weight_decay=0.0,
-            per_device_train_batch_size=args.sft_batch_size,
-            max_length=default_block_size(model.config),
-            packing="text" in warm.rows.column_names,
-            packing_strategy="wrapped",
             seed=config.seed,
             save_strategy="no",
-            logging_steps=config.logging_steps,
             report_to="none",
             **{name: getattr(config, name) for name in RUN_STATE},  # the run's precision and device
+            **{
+                "lr_scheduler_type": "cosine",
+                "warmup_steps": 5,
+                "weight_decay": 0.0,
+                "max_length": default_block_size(model.config),
+                "packing": "text" in warm.rows.column_names,
+                "packing_strategy": "wrapped",
+                "logging_steps": config.logging_steps,
+                **given,  # --sft_config's other SFTConfig flags win
+            },
         )
         trainer = MiniRopeSFTTrainer(model=model, args=sft, train_dataset=warm.rows, processing_class=tokenizer,
                                      peft_config=get_peft_config(model_args))  # fmt: skip

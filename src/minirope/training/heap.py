@@ -12,16 +12,51 @@ nothing to call, and nothing is done.
 
 import contextlib
 import ctypes
+import os
 import threading
 from collections.abc import Callable, Iterator
 
 # seconds; docs/studies/posttrain_speed.md: every 0.2 s held the same at 1.27x the time; every 3 s, more
 TRIM_INTERVAL_S = 1.0
-HEAP_TRIM_HELP = (  # --heap_trim_seconds of minirope-posttrain and minirope-finetune
-    "On a CPU with glibc: hand the heap's freed pages back to the system every this many seconds (malloc_trim), "
-    "which holds a LoRA run near its tensors' memory (docs/studies/posttrain_speed.md: SmolLM2's LoRA GRPO "
-    "2.50-2.65 GB instead of 3.78-3.86, in about the same time); 0: never."
-)
+TRIM_VARIABLE = "MINIROPE_HEAP_TRIM_SECONDS"  # a machine's setting, as glibc's own MALLOC_TRIM_THRESHOLD_ is
+
+
+def trim_interval(value: str | None = None) -> float:
+    """Seconds between two trims of a CPU run's heap: `value`, else `$MINIROPE_HEAP_TRIM_SECONDS` (0: never), else
+    `TRIM_INTERVAL_S`.
+
+    Raises:
+        ValueError: a value that is not a number >= 0.
+    """
+    value = os.environ.get(TRIM_VARIABLE, str(TRIM_INTERVAL_S)) if value is None else value
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ValueError(f"{TRIM_VARIABLE}={value}: give a number of seconds >= 0 (0: never trim the heap).")
+    return seconds
+
+
+def moved_trim_flag(argv: list[str]) -> list[str]:
+    """`argv` without the earlier `--heap_trim_seconds S`, whose value goes to `$MINIROPE_HEAP_TRIM_SECONDS`, saying
+    so in one line.
+
+    Raises:
+        ValueError: a value that is not a number >= 0 (checked before it is set).
+    """
+    out, items = [], iter(argv)
+    for item in items:
+        flag, equals, value = item.partition("=")
+        if flag != "--heap_trim_seconds":
+            out.append(item)
+            continue
+        value = value if equals else next(items, "")
+        trim_interval(value)
+        os.environ[TRIM_VARIABLE] = value
+        print(f"[minirope] --heap_trim_seconds is now the variable {TRIM_VARIABLE} (a machine's setting); the run "
+              f"takes {TRIM_VARIABLE}={os.environ[TRIM_VARIABLE]}.")  # fmt: skip
+    return out
 
 
 def malloc_trim() -> Callable[[int], int] | None:
@@ -62,11 +97,16 @@ def trimmed_heap(active: bool = True, interval_s: float = TRIM_INTERVAL_S) -> It
 
 
 @contextlib.contextmanager
-def trimmed_training(on_cpu: bool, interval_s: float) -> Iterator[bool]:
-    """`trimmed_heap` for a training command's run: on a CPU, every `interval_s` seconds (its `--heap_trim_seconds`;
-    0: never), said in one line where it happens."""
+def trimmed_training(on_cpu: bool) -> Iterator[bool]:
+    """`trimmed_heap` for a training command's run: on a CPU, every `trim_interval()` seconds, said in one line where
+    it happens.
+
+    Raises:
+        ValueError: a `$MINIROPE_HEAP_TRIM_SECONDS` that is not a number >= 0.
+    """
+    interval_s = trim_interval()
     with trimmed_heap(active=on_cpu, interval_s=interval_s) as trimming:
         if trimming:
             print(f"[minirope] memory: the heap's freed pages handed back to the system every {interval_s:g} s "
-                  "(glibc's malloc_trim; --heap_trim_seconds 0: never)")  # fmt: skip
+                  f"(glibc's malloc_trim; {TRIM_VARIABLE}=0: never)")  # fmt: skip
         yield trimming
