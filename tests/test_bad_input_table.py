@@ -468,6 +468,8 @@ CASES = [
     (POSTTRAIN, [*GRPO, "--sft_train_file", "{w}/demos-*.jsonl"], "--sft_train_file {w}/demos-*.jsonl matches no file"),
     (POSTTRAIN, [*GRPO, "--sft_batch_size", "0"], "--sft_config per_device_train_batch_size must be >= 1, got 0"),
     (POSTTRAIN, [*GRPO, "--sft_config", '{{"lm_coef": -1}}'], "--sft_config lm_coef must be >= 0, got -1"),
+    (POSTTRAIN, [*GRPO, "--sft_config", '{{"learning_rate": 0}}'], "--sft_config learning_rate must be > 0, got 0."),
+    (POSTTRAIN, [*GRPO, "--sft_config", '{{"lm_coef": "high"}}'], "--sft_config lm_coef must be >= 0, got high."),
     (POSTTRAIN, [*GRPO, "--sft_config", "{{learning_rate: 1}}"], "--sft_config {{learning_rate: 1}}: not JSON"),
     (POSTTRAIN, [*GRPO, "--sft_config", '{{"lr": 1e-3}}'], "--sft_config lr: not a flag of TRL's SFTConfig"),
     (POSTTRAIN, [*GRPO, "--sft_config", '{{"max_steps": 9}}'], "--sft_config max_steps: the warm start takes it from"),

@@ -361,7 +361,7 @@ def test_sft_config_merges_key_by_key_and_the_earlier_flags_become_its_keys(tiny
     assert args.sft_config == {"lm_coef": 0, "per_device_train_batch_size": 4, "learning_rate": 2e-4}
     assert args.sft_sources == {"lm_coef": "command line", "per_device_train_batch_size": "command line",
                                 "learning_rate": "command line"}  # fmt: skip
-    assert "--sft_learning_rate, --sft_batch_size now are keys of --sft_config" in capsys.readouterr().out
+    assert "--sft_learning_rate is now the learning_rate key of --sft_config" in capsys.readouterr().out
     args = parse_args([*model, "--config", str(file)])[0]
     assert args.sft_config == {"lm_coef": 0.25, "per_device_train_batch_size": 8, "learning_rate": 1e-4}
     assert args.sft_sources["learning_rate"] == "--config" and args.sft_given == {"learning_rate", "lm_coef"}
@@ -757,7 +757,7 @@ def test_grpo_warm_starts_on_the_rows_answers_when_every_group_scores_alike(tiny
     assert run_summary["before"]["prompts_with_alike_samples_share"] == 1.0
     printed = capsys.readouterr().out
     assert "first 3 steps of supervised fine-tuning on the training rows' prompts" in printed
-    assert """--sft_config '{"per_device_train_batch_size": 10}'""" in printed
+    assert "--sft_batch_size is now the per_device_train_batch_size key of --sft_config" in printed
     start, written = load_file(tiny_pretrained / "model.safetensors"), load_file(out / "model.safetensors")
     assert any(not torch.equal(written[name], start[name]) for name in start)
     loads_and_generates(out)

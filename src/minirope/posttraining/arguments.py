@@ -1,12 +1,8 @@
 """`minirope-posttrain`'s script arguments in TRL's shape, `(ScriptArguments, the method's config, ModelConfig)` as
-`trl/scripts/grpo.py` parses them: `PosttrainArguments` (TRL's `ScriptArguments`, the data, extended by the task:
-the method, the rewards, the corpus term, the measures). Each method's script extends it with its own flags and what
-the method does with a task, as `trl/scripts/grpo.py`'s `GRPOScriptArguments` does; the TRL configs and the model's
-flags are `configs`'. The measured defaults (learning rates, steps, batches, the corpus term's weight) are not in
-code: each method's are in its recipe, `recipes/<method>.yaml` (`method_recipe`), each value with the measurement
-behind it.
-
-`minirope.posttraining.parsing.parse_args` reads them.
+`trl/scripts/grpo.py` parses them: `PosttrainArguments` extends TRL's `ScriptArguments` (the data) with the task's
+flags (the method, the rewards, the corpus term, the measures), and each method's script extends it as
+`GRPOScriptArguments` does; the TRL configs and the model's flags are `configs`'. The measured defaults are not in
+code but in each method's recipe, `recipes/<method>.yaml` (`method_recipe`). `parsing.parse_args` reads them.
 """
 
 import json
@@ -34,16 +30,13 @@ def method_recipe(method: str) -> dict:
 @dataclass
 class PosttrainArguments(ScriptArguments):
     """What to post-train on and for which reward, and what to measure: TRL's `ScriptArguments` (the data, as `trl
-    grpo` takes it) and minirope's task flags, as `trl/scripts/grpo.py`'s `GRPOScriptArguments` extends them. The model
-    is `PosttrainModelConfig`'s (TRL's `ModelConfig`); the training flags are the method's TRL config's: its
-    `--trust_remote_code` applies to the model and the teacher, and `DistillationConfig`'s
-    `--teacher_model_name_or_path` names the teacher. After parsing, `sized` holds the defaults sized from the model
-    that the run uses (`sizing`; {} for a model of minirope's demo sizes).
+    grpo` takes it) and minirope's task flags. The model is `PosttrainModelConfig`'s (TRL's `ModelConfig`); the
+    training flags are the method's TRL config's. After parsing, `sized` holds the defaults sized from the model that
+    the run uses (`sizing`; {} for a model of minirope's demo sizes).
 
-    What the method does with a task is its script's (`grpo.py`, `dpo.py`, `distill.py`, each a subclass): the
-    model card's `card_tag`, the flags `advice` suggests when nothing was gained, whether a warm start on the rows'
-    answers may start it (`answer_warm_start`), the warm start's steps on `--sft_train_file` (`sft_steps_with_file`),
-    whether it takes preference pairs (`takes_pairs`), and `check_task`, `trainer_line` and `rejected_by_used`."""
+    What the method does with a task is its script's subclass (`grpo.py`, `dpo.py`, `distill.py`): the card's
+    `card_tag`, the `advice` when nothing was gained, `answer_warm_start`, `sft_steps_with_file`, `takes_pairs`,
+    `check_task`, `trainer_line` and `rejected_by_used`."""
 
     card_tag: ClassVar[str] = ""
     advice: ClassVar[tuple[str, ...]] = ()
@@ -140,9 +133,8 @@ class PosttrainArguments(ScriptArguments):
     sft_steps: int | None = field(
         default=None,
         metadata={
-            "help": "A warm start: steps of supervised fine-tuning (TRL's SFTTrainer) before the method, on "
-            "--sft_train_file, or on a --task's own demonstrations. "
-            "Default: 300 with --sft_train_file (grpo, dpo; distill takes none), the --task recipe's, else 0."
+            "help": "A warm start: steps of TRL's SFTTrainer before the method, on --sft_train_file or a --task's "
+            "demonstrations. Default: 300 with --sft_train_file (grpo, dpo; distill takes none), the --task's, else 0."
         },
     )
     sft_train_file: list[str] | None = field(
@@ -155,11 +147,9 @@ class PosttrainArguments(ScriptArguments):
     sft_config: dict | str | None = field(
         default=None,
         metadata={
-            "help": "The warm start's TRL SFTConfig flags, as a JSON mapping (a mapping in a --config YAML file), "
-            'the way TRL takes --model_init_kwargs: e.g. \'{"learning_rate": 1e-3, '
-            "\"per_device_train_batch_size\": 16}', and lm_coef, the corpus term's weight during it (--lm_coef's "
-            "text, where there is a corpus). Each key given replaces that key of the recipe's mapping. Default: the "
-            "method's recipe's, a learning rate of 3e-4 (with --use_peft 1e-3), cosine, 5 warm-up steps."
+            "help": "The warm start's TRL SFTConfig flags as JSON, as TRL takes --model_init_kwargs (a mapping in a "
+            "--config file), e.g. '{\"learning_rate\": 1e-3}', and lm_coef, its corpus term's weight. Each key "
+            "given replaces the recipe's. Default: the method's recipe's; 3e-4 (--use_peft: 1e-3), cosine, 5 warm-up."
         },
     )
     weight_interpolation: float = field(
@@ -195,8 +185,7 @@ class PosttrainArguments(ScriptArguments):
         metadata={
             "help": "Held-out prompts (the first of them) sampled --num_generations_eval times, for the sampled "
             "rewards, the share of distinct completions and GRPO's signal check; the greedy measures take every "
-            "held-out prompt. Default: 64 (1,024 samples at 16 each; sampling all of 300 held-out prompts took over "
-            "a quarter of a small model's GRPO command); a number at least the held-out prompts' samples them all."
+            "held-out prompt. A number at least the held-out prompts' samples them all."
         },
     )
     eval_max_new_tokens: int = field(default=64, metadata={"help": "Tokens sampled for each measured completion."})
@@ -279,6 +268,10 @@ class PosttrainArguments(ScriptArguments):
 
 
 SFT_RUN = ("output_dir", "max_steps", "seed", "save_strategy", "report_to", "bf16", "fp16", "use_cpu")  # the run's
+BOUNDS = {"lm_coef": (">=", 0), "per_device_train_batch_size": (">=", 1), "learning_rate": (">", 0)}  # its numbers
+
+
+EXAMPLE = """'{"learning_rate": 1e-3}'"""
 
 
 def sft_mapping(value: dict | str | None, flag: str = "--sft_config") -> dict:
@@ -287,29 +280,21 @@ def sft_mapping(value: dict | str | None, flag: str = "--sft_config") -> dict:
     Raises:
         ValueError: text that is not a JSON mapping; a key that is neither a flag of TRL's `SFTConfig` nor `lm_coef`;
             a key the run sets itself (`SFT_RUN`: the steps are --sft_steps, the precision and seed the method's);
-            `lm_coef` below 0, a learning rate not above 0 or a batch below 1.
+            a number out of `BOUNDS` (`lm_coef` below 0, a learning rate not above 0, a batch below 1).
     """
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{flag} {value}: not JSON ({error.msg}); give a mapping such as "
-                             f"'{{\"learning_rate\": 1e-3}}'.") from None  # fmt: skip
+    try:
+        value = json.loads(value) if isinstance(value, str) else {} if value is None else value
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{flag} {value}: not JSON ({error.msg}); give a mapping such as {EXAMPLE}.") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{flag} must be a mapping of SFTConfig flags, such as '{{\"learning_rate\": 1e-3}}'.")
-    for key in value:
+        raise ValueError(f"{flag} must be a mapping of SFTConfig flags, such as {EXAMPLE}.")
+    for key, number in value.items():
         if key in SFT_RUN:
             fix = "--sft_steps N" if key == "max_steps" else "the method's own flag"
             raise ValueError(f"{flag} {key}: the warm start takes it from the run; give {fix} instead.")
         if key != "lm_coef" and key not in SFTConfig.__dataclass_fields__:
             raise ValueError(f"{flag} {key}: not a flag of TRL's SFTConfig (nor lm_coef); `trl sft --help` lists them.")
-    if value.get("lm_coef", 0) < 0:
-        raise ValueError(f"{flag} lm_coef must be >= 0, got {value['lm_coef']}.")
-    if "learning_rate" in value and not value["learning_rate"] > 0:
-        raise ValueError(f"{flag} learning_rate must be > 0, got {value['learning_rate']}: e.g. 3e-4.")
-    if value.get("per_device_train_batch_size", 1) < 1:
-        raise ValueError(f"{flag} per_device_train_batch_size must be >= 1, got "
-                         f"{value['per_device_train_batch_size']}.")  # fmt: skip
+        sign, bound = BOUNDS.get(key, (None, None))
+        if sign and not (isinstance(number, int | float) and (number > bound if sign == ">" else number >= bound)):
+            raise ValueError(f"{flag} {key} must be {sign} {bound}, got {number}.")
     return dict(value)

@@ -3,8 +3,7 @@ the method's config class, the task's recipe and the defaults sized from the mod
 or a single JSON arguments file (`arguments_file`), then TRL's `TrlParser` over `(PosttrainArguments, the method's
 config, PosttrainModelConfig)`, recording which flags the user set (`given_flags`). A flag's value comes from, in
 order of precedence: the command line, the `--config` file, the defaults sized from the model, the task's recipe
-(`recipe`), the method's recipe (`arguments.method_recipe`), then the method's TRL config. The flags themselves are
-`minirope.posttraining.arguments`' and `configs`'."""
+(`recipe`), the method's recipe (`arguments.method_recipe`), then the method's TRL config."""
 
 import json
 import sys
@@ -93,20 +92,18 @@ def renamed(argv: list[str], arguments: dict) -> list[str]:
                 into[INTO_SFT_CONFIG[name]] = (int if name == "sft_batch_size" else float)(value)
             except ValueError:
                 raise ValueError(f"{flag} {value!r}: not a number.") from None
+            print(f"[minirope] {flag} is now the {INTO_SFT_CONFIG[name]} key of --sft_config (the warm start's "
+                  f"SFTConfig flags); the run takes it as that.")  # fmt: skip
             continue
         if name in RENAMED:
             print(f"[minirope] {flag} is now --{RENAMED[name]} (TRL's name); the run takes it as that.")
             item = f"--{RENAMED[name]}{equals}{value}"
         out.extend(item.split("=", 1) if flag == "--sft_config" else [item])
-    if into:
-        print(f"[minirope] {', '.join(f'--{name}' for name in INTO_SFT_CONFIG if INTO_SFT_CONFIG[name] in into)} "
-              f"now {'are keys' if len(into) > 1 else 'is a key'} of --sft_config (the warm start's SFTConfig flags): "
-              f"the run takes --sft_config '{json.dumps(into)}'.")  # fmt: skip
-        if "--sft_config" in out[:-1]:
-            at = out.index("--sft_config") + 1
-            out[at] = json.dumps({**into, **sft_mapping(out[at])})
-        else:
-            out += ["--sft_config", json.dumps(into)]
+    if into:  # below the keys --sft_config gives itself
+        if "--sft_config" not in out[:-1]:
+            out += ["--sft_config", "{}"]
+        at = out.index("--sft_config") + 1
+        out[at] = json.dumps({**into, **sft_mapping(out[at])})
     return out
 
 
@@ -192,10 +189,8 @@ def arguments_file(argv: list[str]) -> dict:
 def parse_args(argv: list[str] | None = None) -> tuple:
     """`(PosttrainArguments, the method's TRL config, PosttrainModelConfig)`, TRL's script order, from `argv` (default:
     the command line; a first word `grpo`, `dpo` or `distill` is `--method`'s): TRL's `TrlParser` with `--config
-    file.yaml` (the command line wins over the file), or a single JSON arguments file. The dataclasses are the method
-    script's (`minirope.posttraining.<method>.ARGUMENTS`, as each of TRL's scripts names its own); the method recipe,
-    the task's recipe and the sized defaults are the parser's defaults (`arguments.method_recipe`, `recipe`,
-    `sizing`).
+    file.yaml` (the command line wins over the file), or a single JSON arguments file, over the method script's
+    dataclasses (`<method>.ARGUMENTS`), the recipes and sized defaults as the parser's defaults (`layered`).
 
     Raises:
         ValueError: an unknown method, a flag outside its range, or a missing or bad arguments file.
@@ -220,8 +215,7 @@ def parse_args(argv: list[str] | None = None) -> tuple:
     else:
         if arguments:
             flags = {item.name for kind in types for item in fields(kind)} | {"env"}  # TRL's `env:` sets variables
-            unknown = sorted(set(arguments) - flags)
-            if unknown:
+            if unknown := sorted(set(arguments) - flags):
                 raise ValueError(f"--config {config_path(argv)}: {', '.join(unknown)} is not a flag of "
                                  f"minirope-posttrain --method {known.method} (--help lists them).")  # fmt: skip
         parser = TrlParser(types, epilog=defaults_help(known.method))
@@ -239,8 +233,7 @@ def parse_args(argv: list[str] | None = None) -> tuple:
 
 def merge_sft_config(args, defaults: dict, arguments: dict, layers: tuple[dict, dict, dict]) -> None:
     """`args.sft_config` key by key: the `--config` file's keys over the defaults' (`layers`: the method recipe, the
-    task's recipe, the sized defaults), the command line's over both; `args.sft_given`, the keys the user set, and
-    `args.sft_sources`, each key's source."""
+    task's recipe, the sized defaults), the command line's over both; the keys the user set and each key's source."""
     given = args.sft_config if "sft_config" in args.command_line else {}
     in_file = sft_mapping(arguments.get("sft_config"), "the --config file's sft_config")
     args.sft_config = {**defaults.get("sft_config", {}), **in_file, **args.sft_config}
@@ -289,11 +282,8 @@ def settings(args, config, model_args) -> dict[str, dict]:
                       else "minirope" if item.name in own else "TRL, from the others")  # fmt: skip
             found[item.name] = {"value": json_value(value), "source": source}
     if args.sft_config:  # a mapping whose keys come from several layers: each key's source
-        found["sft_config"] = {
-            "value": json_value(args.sft_config),
-            "source": "by key",
-            "sources": {key: args.sft_sources.get(key, "minirope") for key in args.sft_config},
-        }
+        sources = {key: args.sft_sources.get(key, "minirope") for key in args.sft_config}
+        found["sft_config"] = {"value": json_value(args.sft_config), "source": "by key", "sources": sources}
     return found
 
 
