@@ -75,6 +75,7 @@ def world(tiny_pretrained, tmp_path_factory) -> Path:
     for name, text in files.items():
         (root / name).write_text(text, encoding="utf-8")
     (root / "latin1.txt").write_bytes(PLAY.encode() + "caf\u00e9\n".encode("latin-1"))
+    (root / "model.gguf").write_bytes(b"GGUF")  # a released model as llama.cpp ships it, not yet imported
     (root / "latin1-args.json").write_bytes('{"output_dir": "caf\u00e9"}'.encode("latin-1"))
     (root / "folder").mkdir()
     rows = [{"prompt": "ROMEO:\n", "solution": "But"}] * 8
@@ -492,6 +493,11 @@ CASES = [
     ),
     (POSTTRAIN, DISTILL, "--method distill needs --teacher_model_name_or_path"),
     (POSTTRAIN, [*DISTILL, "--teacher_model_name_or_path", "{w}/none"], "'{w}/none': it does not exist"),
+    (
+        POSTTRAIN,
+        ["--method", "grpo", "--model_name_or_path", "{w}/model.gguf", "--output_dir", "{w}/out"],
+        "it is a GGUF file; import it into a folder first (`minirope-import {w}/model.gguf --output_dir DIR`)",
+    ),
     (
         POSTTRAIN,
         [*DISTILL, "--teacher_model_name_or_path", "{w}/train.txt"],

@@ -42,11 +42,15 @@ def load_config(args: ModelArguments) -> PreTrainedConfig:
     """The folder's config, which must describe a causal LM.
 
     Raises:
-        ValueError: a local path that does not exist or is a file, no config (not a model folder), a config no Auto
-            class knows or whose values are invalid, or a model that is not a causal LM.
+        ValueError: a local path that does not exist or is a file (a GGUF file: `minirope-import` it first), no
+            config (not a model folder), a config no Auto class knows or whose values are invalid, or a model that is
+            not a causal LM.
     """
     path = args.model_name_or_path
     if looks_local(path) and not Path(path).is_dir():
+        if Path(path).is_file() and path.endswith(".gguf"):
+            raise ValueError(f"cannot load a model from {path!r}: it is a GGUF file; import it into a folder first "
+                             f"(`minirope-import {path} --output_dir DIR`) and give that folder.")  # fmt: skip
         what = "is a file" if Path(path).exists() else "does not exist"
         raise ValueError(
             f"cannot load a model from {path!r}: it {what}; give the folder written by minirope-pretrain or "
