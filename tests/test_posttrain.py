@@ -364,7 +364,7 @@ def test_sft_config_merges_key_by_key_and_the_earlier_flags_become_its_keys(tiny
     assert "--sft_learning_rate is now the learning_rate key of --sft_config" in capsys.readouterr().out
     args = parse_args([*model, "--config", str(file)])[0]
     assert args.sft_config == {"lm_coef": 0.25, "per_device_train_batch_size": 8, "learning_rate": 1e-4}
-    assert args.sft_sources["learning_rate"] == "--config" and args.sft_given == {"learning_rate", "lm_coef"}
+    assert args.sft_sources["learning_rate"] == args.sft_sources["lm_coef"] == "--config"
     assert args.sft_sources["per_device_train_batch_size"] == "method recipe"
     file.write_text("sft_batch_size: 4\n")
     with pytest.raises(ValueError, match="sft_batch_size, which is now the per_device_train_batch_size key"):

@@ -49,7 +49,6 @@ class PosttrainArguments(ScriptArguments):
     recipe: ClassVar[dict] = {}  # the --task recipe's values the run takes (no flag or --config set them)
     recipe_path: ClassVar[str | None] = None
     method_recipe: ClassVar[dict] = {}  # the method recipe's values the run takes (nothing above set them)
-    sft_given: ClassVar[frozenset] = frozenset()  # the keys of --sft_config the user set (command line, --config)
     sft_sources: ClassVar[dict] = {}  # each key of --sft_config: where its value came from
     method: str = field(
         default="grpo", metadata={"help": "grpo (reward), dpo (preference pairs) or distill (a teacher)."}
@@ -230,8 +229,7 @@ class PosttrainArguments(ScriptArguments):
 
     @property
     def warm_start_steps(self) -> int:
-        """`--sft_steps` (given, or a --task recipe's), or its default: `sft_steps_with_file` with --sft_train_file,
-        else 0."""
+        """`--sft_steps` (given or a recipe's), else `sft_steps_with_file` with --sft_train_file, else 0."""
         if self.sft_steps is not None:
             return self.sft_steps
         return self.sft_steps_with_file if self.sft_train_file else 0

@@ -86,8 +86,8 @@ def corpus_of(args: PosttrainArguments, model: str) -> Corpus:
         source = f"{BUNDLED_CORPUS}, which {model} was trained on"
         shards = bundled_shards("train") if coef or warm_coef else None
         return Corpus(shards, coef, warm_coef, source, validation or bundled_shards("validation"), base)
-    weights = (("--lm_coef", args.lm_coef, "lm_coef" in args.given),
-               ("--sft_config lm_coef", args.sft_lm_coef, "lm_coef" in args.sft_given))  # fmt: skip
+    user = args.sft_sources.get("lm_coef") in ("command line", "--config")  # not a recipe's
+    weights = (("--lm_coef", args.lm_coef, "lm_coef" in args.given), ("--sft_config lm_coef", args.sft_lm_coef, user))
     for flag, value, given in weights:
         if value and given:  # a recipe's weight applies only where there is a corpus
             raise ValueError(

@@ -18,7 +18,7 @@ from trl import TrlParser
 from minirope.posttraining.arguments import METHODS, RECIPES, PosttrainArguments, method_recipe, sft_mapping
 from minirope.posttraining.sizing import count_parameters, sized_defaults
 from minirope.posttraining.tasks import bundled, default_task, recipe_path
-from minirope.training.arguments import given_flags, json_arguments, read_arguments_file
+from minirope.training.arguments import given_flags, json_arguments, read_arguments_file, take_flags
 from minirope.training.heap import moved_trim_flag
 
 
@@ -82,22 +82,20 @@ def renamed(argv: list[str], arguments: dict) -> list[str]:
     if old := sorted(set(arguments) & {*RENAMED, *INTO_SFT_CONFIG}):
         now = RENAMED.get(old[0]) or f"the {INTO_SFT_CONFIG.get(old[0])} key of sft_config"
         raise ValueError(f"the arguments file sets {old[0]}, which is now {now} (TRL's name): rename it.")
-    out, into, items = [], {}, iter(argv)
-    for item in items:
+    argv, old = take_flags(argv, INTO_SFT_CONFIG)
+    into, out = {}, []
+    for name, value in old.items():
+        try:
+            into[INTO_SFT_CONFIG[name]] = (int if name == "sft_batch_size" else float)(value)
+        except ValueError:
+            raise ValueError(f"--{name} {value!r}: not a number.") from None
+        print(f"[minirope] --{name} is now the {INTO_SFT_CONFIG[name]} key of --sft_config (the warm start's "
+              f"SFTConfig flags); the run takes it as that.")  # fmt: skip
+    for item in argv:
         flag, equals, value = item.partition("=")
-        name = flag[2:] if flag.startswith("--") else None
-        if name in INTO_SFT_CONFIG:
-            value = value if equals else next(items, "")
-            try:
-                into[INTO_SFT_CONFIG[name]] = (int if name == "sft_batch_size" else float)(value)
-            except ValueError:
-                raise ValueError(f"{flag} {value!r}: not a number.") from None
-            print(f"[minirope] {flag} is now the {INTO_SFT_CONFIG[name]} key of --sft_config (the warm start's "
-                  f"SFTConfig flags); the run takes it as that.")  # fmt: skip
-            continue
-        if name in RENAMED:
-            print(f"[minirope] {flag} is now --{RENAMED[name]} (TRL's name); the run takes it as that.")
-            item = f"--{RENAMED[name]}{equals}{value}"
+        if flag[2:] in RENAMED and flag.startswith("--"):
+            print(f"[minirope] {flag} is now --{RENAMED[flag[2:]]} (TRL's name); the run takes it as that.")
+            item = f"--{RENAMED[flag[2:]]}{equals}{value}"
         out.extend(item.split("=", 1) if flag == "--sft_config" else [item])
     if into:  # below the keys --sft_config gives itself
         if "--sft_config" not in out[:-1]:
@@ -233,11 +231,10 @@ def parse_args(argv: list[str] | None = None) -> tuple:
 
 def merge_sft_config(args, defaults: dict, arguments: dict, layers: tuple[dict, dict, dict]) -> None:
     """`args.sft_config` key by key: the `--config` file's keys over the defaults' (`layers`: the method recipe, the
-    task's recipe, the sized defaults), the command line's over both; the keys the user set and each key's source."""
+    task's recipe, the sized defaults), the command line's over both; each key's source."""
     given = args.sft_config if "sft_config" in args.command_line else {}
     in_file = sft_mapping(arguments.get("sft_config"), "the --config file's sft_config")
     args.sft_config = {**defaults.get("sft_config", {}), **in_file, **args.sft_config}
-    args.sft_given = frozenset({*in_file, *given})
     sources = zip(("method recipe", "recipe", "sized", "--config", "command line"),
                   (*(layer.get("sft_config") or {} for layer in layers), in_file, given), strict=True)  # fmt: skip
     args.sft_sources = {key: source for source, layer in sources for key in layer}

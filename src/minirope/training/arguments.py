@@ -224,6 +224,19 @@ def given_flags(argv: list[str], arguments: dict) -> frozenset[str]:
     return frozenset(named | set(arguments))
 
 
+def take_flags(argv: list[str], names) -> tuple[list[str], dict[str, str]]:
+    """`argv` without the flags `names` (each `--name value` or `--name=value`), and the value each had there (the
+    last one given; "" for a flag at the end without one): how an earlier flag is read before it reaches the parser."""
+    out, taken, items = [], {}, iter(argv)
+    for item in items:
+        flag, equals, value = item.partition("=")
+        if flag.startswith("--") and flag[2:] in names:
+            taken[flag[2:]] = value if equals else next(items, "")
+        else:
+            out.append(item)
+    return out, taken
+
+
 def reuse_freed_memory() -> bool:
     """Keep memory freed by one training step for the next (glibc on Linux; CPU training).
 

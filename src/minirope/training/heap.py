@@ -16,6 +16,8 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 
+from minirope.training.arguments import take_flags
+
 # seconds; docs/studies/posttrain_speed.md: every 0.2 s held the same at 1.27x the time; every 3 s, more
 TRIM_INTERVAL_S = 1.0
 TRIM_VARIABLE = "MINIROPE_HEAP_TRIM_SECONDS"  # a machine's setting, as glibc's own MALLOC_TRIM_THRESHOLD_ is
@@ -45,18 +47,13 @@ def moved_trim_flag(argv: list[str]) -> list[str]:
     Raises:
         ValueError: a value that is not a number >= 0 (checked before it is set).
     """
-    out, items = [], iter(argv)
-    for item in items:
-        flag, equals, value = item.partition("=")
-        if flag != "--heap_trim_seconds":
-            out.append(item)
-            continue
-        value = value if equals else next(items, "")
+    argv, taken = take_flags(argv, {"heap_trim_seconds"})
+    if (value := taken.get("heap_trim_seconds")) is not None:
         trim_interval(value)
         os.environ[TRIM_VARIABLE] = value
         print(f"[minirope] --heap_trim_seconds is now the variable {TRIM_VARIABLE} (a machine's setting); the run "
               f"takes {TRIM_VARIABLE}={os.environ[TRIM_VARIABLE]}.")  # fmt: skip
-    return out
+    return argv
 
 
 def malloc_trim() -> Callable[[int], int] | None:
