@@ -431,17 +431,24 @@ def test_sampled_completion_ids_keep_their_end_of_sequence_token_as_trl_gives_th
 
 def test_a_run_warns_when_many_samples_are_cut_at_the_token_limit(capsys):
     """GRPO on a user's task with half its held-out samples unfinished at the limit: one line naming TRL's overlong
-    punishment; nothing below `CUT_SHARE`, or for a task that cuts by design (the verse task)."""
+    punishment; nothing below `CUT_SHARE`, for a task that cuts by design (the verse task), or where TRL's overlong
+    punishment is among the rewards already."""
     from types import SimpleNamespace
+
+    from trl.rewards import get_soft_overlong_punishment
 
     from minirope.posttraining.grpo import CUT_SHARE, check_cut
 
+    def exact(completions, **kwargs):
+        return [1.0] * len(completions)
+
     cut = SimpleNamespace(cut_share=0.5, max_new_tokens=32)
-    check_cut(cut, SimpleNamespace(method="grpo"), cut_by_design=False)
+    check_cut(cut, [exact], cut_by_design=False)
     line = capsys.readouterr().out
     assert "50% of the held-out samples reach the 32-token limit" in line and "get_soft_overlong_punishment" in line
-    check_cut(SimpleNamespace(cut_share=CUT_SHARE - 0.01, max_new_tokens=32), SimpleNamespace(method="grpo"), False)
-    check_cut(cut, SimpleNamespace(method="grpo"), cut_by_design=True)
+    check_cut(SimpleNamespace(cut_share=CUT_SHARE - 0.01, max_new_tokens=32), [exact], False)
+    check_cut(cut, [exact], cut_by_design=True)
+    check_cut(cut, [exact, get_soft_overlong_punishment(max_completion_len=32, soft_punish_cache=8)], False)
     assert capsys.readouterr().out == ""
 
 

@@ -12,11 +12,13 @@ from minirope.output.folder import begin_writing
 from minirope.posttraining.arguments import PosttrainArguments
 from minirope.posttraining.configs import PosttrainGRPOConfig, PosttrainModelConfig
 from minirope.posttraining.measures import SIGNAL_SAMPLES
+from minirope.posttraining.reward_calls import reward_name
 from minirope.posttraining.setup import attach, finish, start, trainer_inputs
 from minirope.posttraining.time_split import TimeSplit
 from minirope.posttraining.trainers import MiniRopeGRPOTrainer
 
 CUT_SHARE = 0.25  # of the held-out samples cut at the token limit: from here `check_cut` warns of a gameable reward
+OVERLONG = "soft_overlong_punishment_reward"  # the name of TRL's `get_soft_overlong_punishment` reward
 
 
 @dataclass
@@ -56,7 +58,7 @@ def post_train(args, config, model_args, split: TimeSplit) -> dict:
     run, before, keep = start(args, config, model_args, split)
     starting = run.warm.measured if run.warm else before  # the measures of what GRPO starts from
     check_signal(starting, args, warm_started=bool(run.warm))
-    check_cut(starting, args, run.data.cut_by_design)
+    check_cut(starting, run.rewards, run.data.cut_by_design)
     begin_writing(config.output_dir, "minirope-posttrain", resuming=run.resume is not None)
     grpo = MiniRopeGRPOTrainer(reward_funcs=run.rewards, **trainer_inputs(run, config, run.data.train))
     return finish(attach(grpo, run, args, keep), run, args, before, keep, split)
@@ -102,14 +104,16 @@ def check_signal(measured, args, warm_started: bool = False) -> None:
               f"the other prompts' groups (TRL logs the share of such groups as frac_reward_zero_std)")  # fmt: skip
 
 
-def check_cut(measured, args, cut_by_design: bool) -> None:
+def check_cut(measured, rewards: list, cut_by_design: bool) -> None:
     """Print a line when at least `CUT_SHARE` of the held-out samples reach the token limit unfinished
-    (`TaskMeasure.cut_share`): a reward that reads a cut reply (its last number, say) can
-    be gamed by replies that never end. On docs/pretrained.md's largest-of-three task, SmolLM2's samples were half cut
-    at 32 tokens, and GRPO learned to restate the question at length (0 % on other problems) until TRL's overlong
-    punishment (DAPO, Eq. 13) joined the rewards. A task may cut its completions by design (`Task.cut_by_design`)."""
+    (`TaskMeasure.cut_share`) and no reward among `rewards` punishes them: a reward that reads a cut reply (its last
+    number, say) can be gamed by replies that never end. On docs/pretrained.md's largest-of-three task, SmolLM2's
+    samples were half cut at 32 tokens, and GRPO learned to restate the question at length (0 % on other problems)
+    until TRL's overlong punishment (DAPO, Eq. 13; `OVERLONG`, its reward's name) joined the rewards. A task may cut
+    its completions by design (`Task.cut_by_design`)."""
     share = measured.cut_share
-    if cut_by_design or share is None or share < CUT_SHARE:
+    guarded = any(reward_name(reward) == OVERLONG for reward in rewards)
+    if cut_by_design or guarded or share is None or share < CUT_SHARE:
         return
     print(f"[minirope] {share:.0%} of the held-out samples reach the {measured.max_new_tokens}-token limit "
           f"unfinished: a reward that reads a cut reply can be gamed by replies that never end; TRL's overlong "
