@@ -347,6 +347,35 @@ def test_the_measures_samples_take_trls_name_and_the_earlier_flag_still_sets_the
         parse_args(model + ["--method", method, "--num_generations_eval", "0"])
 
 
+def test_trls_dataset_mixture_is_read_and_the_first_rows_held_out(tiny_pretrained, tmp_path, capsys):
+    """A `--config` file in `trl grpo`'s shape names its data as TRL's dataset mixture (`datasets:`, read by
+    `trl.get_dataset`) and the held-out rows as `test_split_size` (a number of rows, or a share): the first rows are
+    held out, the same every run, the rest trained on; the earlier `--validation_split_percentage` is read as the
+    share with a note, and refused in a --config file; two sources of data are refused."""
+    from minirope.posttraining.data import data_task
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{n} + 1 =", "solution": str(n + 1)}) + "\n" for n in range(20)))
+    config = tmp_path / "grpo.yaml"
+    config.write_text(f"datasets:\n  - path: json\n    data_files: {rows}\ntest_split_size: 4\n")
+    model = ["--model_name_or_path", str(tiny_pretrained), "--reward_funcs", "accuracy_reward"]
+    args = parse_args([*model, "--config", str(config)])[0]
+    assert args.task is None and args.datasets[0].path == "json"  # the user's data, not the bundled task
+    task = data_task(args)
+    assert task.held_out["prompt"] == [f"{n} + 1 =" for n in range(4)] and len(task.train) == 16
+    args = parse_args([*model, "--config", str(config), "--validation_split_percentage", "25"])[0]
+    assert args.test_split_size == 0.25 and len(data_task(args).held_out) == 5
+    assert "--validation_split_percentage 25 is now --test_split_size 0.25" in capsys.readouterr().out
+    args = parse_args([*model, "--config", str(config), "--validation_split_percentage", "25", "--test_split_size",
+                       "2"])[0]  # fmt: skip
+    assert args.test_split_size == 2  # the flag given wins over the earlier one's
+    config.write_text(f"datasets:\n  - path: json\n    data_files: {rows}\nvalidation_split_percentage: 10\n")
+    with pytest.raises(ValueError, match="which is now test_split_size .TRL's name, a share: 5 % is 0.05"):
+        parse_args([*model, "--config", str(config)])
+    with pytest.raises(ValueError, match="Give one of --dataset_name or --datasets"):
+        parse_args([*model, "--dataset_name", "rows", "--datasets", "json"])
+
+
 def test_sft_config_merges_key_by_key_and_the_earlier_flags_become_its_keys(tiny_pretrained, tmp_path, capsys):
     """`--sft_config` (the warm start's SFTConfig flags): the method recipe's keys, a --config file's over them, the
     command line's over both, each key's source recorded; `--sft_batch_size` / `--sft_learning_rate` are read as its

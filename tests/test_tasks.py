@@ -12,7 +12,8 @@ from minirope.commands import missing_extra
 pytest.importorskip("trl")
 
 from minirope.commands import posttrain  # noqa: E402
-from minirope.posttraining.parsing import parse_args, settings  # noqa: E402
+from minirope.posttraining.parsing import parse_args  # noqa: E402
+from minirope.posttraining.report import settings  # noqa: E402
 from minirope.posttraining.setup import prepare  # noqa: E402
 from minirope.posttraining.tasks import default_task, verse  # noqa: E402
 from minirope.posttraining.tasks.verse import rewards as verse_rewards  # noqa: E402

@@ -36,7 +36,8 @@ def run(argv: list[str] | None = None) -> dict:
     Raises:
         ValueError, OSError: bad flags, model or teacher folder, rewards or data; nothing is written.
     """
-    from minirope.posttraining.parsing import parse_args, settings
+    from minirope.posttraining.parsing import parse_args
+    from minirope.posttraining.report import settings
     from minirope.posttraining.time_split import TimeSplit
 
     split = TimeSplit()

@@ -153,7 +153,7 @@ def first_rows(rows: Dataset, limit: int | None) -> Dataset:
     return rows if limit is None else rows.select(range(min(len(rows), limit)))
 
 
-def hold_out(rows: Dataset, percentage: int, what: str, source: str = "--train_file") -> DatasetDict:
+def hold_out(rows: Dataset, percentage: float, what: str, source: str = "--train_file") -> DatasetDict:
     """`{"train", "validation"}` of `rows`: the first `percentage` % (at least one row) held out for validation, the
     rest for training, as transformers' `run_clm.py` splits `train[:N%]` / `train[N%:]` for its
     `--validation_split_percentage`. No row is in both.
@@ -165,7 +165,7 @@ def hold_out(rows: Dataset, percentage: int, what: str, source: str = "--train_f
     held = max(1, round(len(rows) * percentage / 100))
     if len(rows) - held < 1:
         raise ValueError(
-            f"{source} has too few {what} ({len(rows)}) to hold out {percentage} % for validation: give more "
+            f"{source} has too few {what} ({len(rows)}) to hold out {percentage:g} % for validation: give more "
             f"data or held-out rows of their own."
         )
     return DatasetDict({"train": rows.select(range(held, len(rows))), "validation": rows.select(range(held))})

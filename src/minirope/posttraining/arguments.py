@@ -5,15 +5,15 @@ flags (the method, the rewards, the corpus term, the measures), and each method'
 code but in each method's recipe, `recipes/<method>.yaml` (`method_recipe`). `parsing.parse_args` reads them.
 """
 
-import json
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import ClassVar
 
-from trl import ScriptArguments, SFTConfig
+from trl import DatasetMixtureConfig, ScriptArguments, SFTConfig
+from trl.scripts.utils import DatasetConfig
 
-from minirope.data.pipeline import check_percentage
+from minirope.posttraining.configs import sft_mapping
 from minirope.training.arguments import read_arguments_file
 
 METHODS = ("grpo", "dpo", "distill")
@@ -28,7 +28,7 @@ def method_recipe(method: str) -> dict:
 
 
 @dataclass
-class PosttrainArguments(ScriptArguments):
+class PosttrainArguments(ScriptArguments, DatasetMixtureConfig):
     """What to post-train on and for which reward, and what to measure: TRL's `ScriptArguments` (the data, as `trl
     grpo` takes it) and minirope's task flags. The model is `PosttrainModelConfig`'s (TRL's `ModelConfig`); the
     training flags are the method's TRL config's. After parsing, `sized` holds the defaults sized from the model that
@@ -74,8 +74,8 @@ class PosttrainArguments(ScriptArguments):
     dataset_test_split: str = field(
         default="test",
         metadata={
-            "help": "The held-out split the measures use; if the dataset has none, --validation_split_percentage of "
-            "the training rows are held out instead (never trained on)."
+            "help": "The held-out split the measures use; if the dataset has none, --test_split_size of the "
+            "training rows are held out instead (never trained on)."
         },
     )
     train_file: list[str] | None = field(
@@ -85,9 +85,20 @@ class PosttrainArguments(ScriptArguments):
     validation_file: list[str] | None = field(
         default=None, metadata={"help": "Held-out rows for the measures, as --train_file."}
     )
-    validation_split_percentage: int = field(
-        default=5,
-        metadata={"help": "Without a test split or --validation_file: the share of rows held out, in percent."},
+    datasets: list[DatasetConfig] = field(
+        default_factory=list,
+        metadata={
+            "help": "Instead of --dataset_name: TRL's dataset mixture, as `trl grpo` reads it (trl.get_dataset): "
+            "Hub ids or folders here, or in a --config file mappings of path, name, data_dir, data_files, split, "
+            "columns and fraction; their rows are trained on, less --test_split_size held out."
+        },
+    )
+    test_split_size: float | None = field(
+        default=0.05,
+        metadata={
+            "help": "Without a test split or --validation_file: the rows held out for the measures (the first ones, "
+            "never trained on), a share up to 0.5 or a number of rows, as TRL's dataset mixture takes it."
+        },
     )
     reward_funcs: list[str] | None = field(
         default=None,
@@ -208,16 +219,19 @@ class PosttrainArguments(ScriptArguments):
         self.sft_config = sft_mapping(self.sft_config)
         if not 0 < self.weight_interpolation <= 1:
             raise ValueError(f"--weight_interpolation must be in (0, 1], got {self.weight_interpolation}.")
-        check_percentage(self.validation_split_percentage)
-        if self.dataset_name and (self.train_file or self.validation_file):
-            raise ValueError("Give either --dataset_name or --train_file/--validation_file, not both.")
+        DatasetMixtureConfig.__post_init__(self)  # TRL's: the --datasets mappings as its DatasetConfigs
+        size = self.test_split_size
+        if size is None or not (0 < size <= 0.5 or size >= 1 and size == int(size)):
+            raise ValueError(f"--test_split_size must be a share in (0, 0.5] or a whole number of rows, got {size}.")
+        if len(data := [name for name in ("dataset_name", "datasets", "train_file") if getattr(self, name)]) > 1:
+            raise ValueError(f"Give one of --{' or --'.join(data)} (--validation_file with --train_file), not both.")
         if self.validation_file and not self.train_file:
             raise ValueError("--validation_file needs a --train_file (alone, there would be nothing to train on).")
         if self.lm_train_file and self.lm_dataset_name:
             raise ValueError("Give either --lm_train_file or --lm_dataset_name for the corpus term, not both.")
-        if self.dataset_streaming:
-            raise ValueError("--dataset_streaming: minirope-posttrain holds out and measures prompts from the whole "
-                             "dataset; drop the flag (or give --train_file with the rows to train on).")  # fmt: skip
+        if self.dataset_streaming or self.streaming:
+            raise ValueError(f"--{'dataset_' * self.dataset_streaming}streaming: minirope-posttrain holds out and "
+                             f"measures prompts from the whole dataset; drop the flag.")  # fmt: skip
         if self.ignore_bias_buffers:
             raise ValueError("--ignore_bias_buffers is a DDP workaround of TRL's dpo script for models with bias "
                              "buffers; minirope's models have none: drop the flag.")  # fmt: skip
@@ -263,36 +277,3 @@ class PosttrainArguments(ScriptArguments):
     def rejected_by_used(self, task) -> str | None:
         """How the run's own preference pairs chose their rejected sample (`--rejected_by`); None: no own pairs."""
         return None
-
-
-SFT_RUN = ("output_dir", "max_steps", "seed", "save_strategy", "report_to", "bf16", "fp16", "use_cpu")  # the run's
-BOUNDS = {"lm_coef": (">=", 0), "per_device_train_batch_size": (">=", 1), "learning_rate": (">", 0)}  # its numbers
-
-
-EXAMPLE = """'{"learning_rate": 1e-3}'"""
-
-
-def sft_mapping(value: dict | str | None, flag: str = "--sft_config") -> dict:
-    """`--sft_config` as a mapping: a JSON text read, a mapping checked; {} for None.
-
-    Raises:
-        ValueError: text that is not a JSON mapping; a key that is neither a flag of TRL's `SFTConfig` nor `lm_coef`;
-            a key the run sets itself (`SFT_RUN`: the steps are --sft_steps, the precision and seed the method's);
-            a number out of `BOUNDS` (`lm_coef` below 0, a learning rate not above 0, a batch below 1).
-    """
-    try:
-        value = json.loads(value) if isinstance(value, str) else {} if value is None else value
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{flag} {value}: not JSON ({error.msg}); give a mapping such as {EXAMPLE}.") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{flag} must be a mapping of SFTConfig flags, such as {EXAMPLE}.")
-    for key, number in value.items():
-        if key in SFT_RUN:
-            fix = "--sft_steps N" if key == "max_steps" else "the method's own flag"
-            raise ValueError(f"{flag} {key}: the warm start takes it from the run; give {fix} instead.")
-        if key != "lm_coef" and key not in SFTConfig.__dataclass_fields__:
-            raise ValueError(f"{flag} {key}: not a flag of TRL's SFTConfig (nor lm_coef); `trl sft --help` lists them.")
-        sign, bound = BOUNDS.get(key, (None, None))
-        if sign and not (isinstance(number, int | float) and (number > bound if sign == ">" else number >= bound)):
-            raise ValueError(f"{flag} {key} must be {sign} {bound}, got {number}.")
-    return dict(value)

@@ -4,11 +4,12 @@ defaults a run on a CPU needs (`CpuDefaults`: precision, device, checkpoints, lo
 (`arguments.method_recipe`); each method's script names its three dataclasses (`ARGUMENTS`).
 """
 
+import json
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
-from trl import DistillationConfig, DPOConfig, GRPOConfig, ModelConfig
+from trl import DistillationConfig, DPOConfig, GRPOConfig, ModelConfig, SFTConfig
 
 from minirope.output.hub import TokenNotSaved
 from minirope.training.arguments import LORA_TARGETS, retuned
@@ -198,3 +199,36 @@ class PosttrainDistillationConfig(CpuDefaults, DistillationConfig):
         if not self.teacher_model_name_or_path:
             raise ValueError("--method distill needs --teacher_model_name_or_path: the folder of the teacher.")
         super().__post_init__()
+
+
+SFT_RUN = ("output_dir", "max_steps", "seed", "save_strategy", "report_to", "bf16", "fp16", "use_cpu")  # the run's
+BOUNDS = {"lm_coef": (">=", 0), "per_device_train_batch_size": (">=", 1), "learning_rate": (">", 0)}  # its numbers
+
+
+EXAMPLE = """'{"learning_rate": 1e-3}'"""
+
+
+def sft_mapping(value: dict | str | None, flag: str = "--sft_config") -> dict:
+    """`--sft_config` as a mapping: a JSON text read, a mapping checked; {} for None.
+
+    Raises:
+        ValueError: text that is not a JSON mapping; a key that is neither a flag of TRL's `SFTConfig` nor `lm_coef`;
+            a key the run sets itself (`SFT_RUN`: the steps are --sft_steps, the precision and seed the method's);
+            a number out of `BOUNDS` (`lm_coef` below 0, a learning rate not above 0, a batch below 1).
+    """
+    try:
+        value = json.loads(value) if isinstance(value, str) else {} if value is None else value
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{flag} {value}: not JSON ({error.msg}); give a mapping such as {EXAMPLE}.") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag} must be a mapping of SFTConfig flags, such as {EXAMPLE}.")
+    for key, number in value.items():
+        if key in SFT_RUN:
+            fix = "--sft_steps N" if key == "max_steps" else "the method's own flag"
+            raise ValueError(f"{flag} {key}: the warm start takes it from the run; give {fix} instead.")
+        if key != "lm_coef" and key not in SFTConfig.__dataclass_fields__:
+            raise ValueError(f"{flag} {key}: not a flag of TRL's SFTConfig (nor lm_coef); `trl sft --help` lists them.")
+        sign, bound = BOUNDS.get(key, (None, None))
+        if sign and not (isinstance(number, int | float) and (number > bound if sign == ">" else number >= bound)):
+            raise ValueError(f"{flag} {key} must be {sign} {bound}, got {number}.")
+    return dict(value)

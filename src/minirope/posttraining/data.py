@@ -8,16 +8,19 @@
   (`minirope.posttraining.reward_calls.own_pairs`).
 
 They come from `--dataset_name` (a folder saved by `datasets`, a folder of data files or a Hub id, with
-`--dataset_config`, `--dataset_train_split`, `--dataset_test_split`, as `trl grpo` takes them) or from
-`--train_file`/`--validation_file`. The held-out prompts are the test split's; a dataset without one has its first
-`--validation_split_percentage` % of rows held out, never trained on (`minirope.data.pipeline.hold_out`). They make
-the run's `Task` (`data_task`); with no data at all, the run takes a bundled task (`minirope.posttraining.tasks`).
+`--dataset_config`, `--dataset_train_split`, `--dataset_test_split`, as `trl grpo` takes them), from TRL's dataset
+mixture (`--datasets`, read by `trl.get_dataset`) or from `--train_file`/`--validation_file`. The held-out prompts are
+the test split's; without one, the first `--test_split_size` rows (a share, or a number of rows) are held out and never
+trained on (`minirope.data.pipeline.hold_out`; TRL's mixture would split at random, a new held-out set each run).
+They make the run's `Task` (`data_task`); with no data at all, the run takes a bundled task
+(`minirope.posttraining.tasks`).
 """
 
 from pathlib import Path
 
 from datasets import Dataset, load_dataset
 from transformers import PreTrainedTokenizerBase
+from trl import DatasetMixtureConfig, get_dataset
 from trl.data_utils import is_conversational, maybe_extract_prompt
 
 from minirope.data.documents import expand_files
@@ -47,8 +50,10 @@ def data_task(args: PosttrainArguments) -> Task:
     check_columns(train, pairs, args, f"{source} {args.dataset_train_split}")
     held_out = splits.get("test")
     if held_out is None:
-        flag = "--train_file" if args.train_file else f"--dataset_name {source}"
-        split = hold_out(train, args.validation_split_percentage, "rows", flag)
+        flag = "--train_file" if args.train_file else "--datasets" if args.datasets else f"--dataset_name {source}"
+        size = args.test_split_size  # a share, or a number of rows
+        percentage = round(100 * (size if size < 1 else size / max(len(train), 1)), 9)  # 0.05: 5, not 5.000...1
+        split = hold_out(train, percentage, "rows", flag)
         train, held_out = split["train"], split["validation"]
     else:
         check_columns(held_out, pairs, args, f"{source} {args.dataset_test_split}")
@@ -70,6 +75,9 @@ def load_splits(args: PosttrainArguments) -> tuple[dict[str, Dataset], str]:
     Raises:
         ValueError, FileNotFoundError: naming the dataset, file or split.
     """
+    if args.datasets:  # TRL's mixture, with the held-out rows minirope's (`data_task`)
+        mixture = get_dataset(DatasetMixtureConfig(datasets=args.datasets))
+        return {"train": mixture["train"]}, ", ".join(dataset.path for dataset in args.datasets)
     if args.train_file:
         files = {"train": expand_files(args.train_file, flag="--train_file")}
         if args.validation_file:
@@ -89,7 +97,7 @@ def load_splits(args: PosttrainArguments) -> tuple[dict[str, Dataset], str]:
     if test not in dataset and test != DEFAULT_TEST_SPLIT:
         raise ValueError(
             f"--dataset_name {name} has no split {test!r} (splits: {', '.join(dataset)}): pass one of them as "
-            f"--dataset_test_split, or leave it out to hold out --validation_split_percentage of the training rows."
+            f"--dataset_test_split, or leave it out to hold out --test_split_size of the training rows."
         )
     if test in dataset and test != args.dataset_train_split:
         splits["test"] = dataset[test]

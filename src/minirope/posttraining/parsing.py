@@ -7,15 +7,15 @@ order of precedence: the command line, the `--config` file, the defaults sized f
 
 import json
 import sys
-from dataclasses import MISSING, dataclass, field, fields
-from enum import Enum
+from dataclasses import dataclass, field, fields
 from importlib import import_module
 from pathlib import Path
 
 from transformers import HfArgumentParser
 from trl import TrlParser
 
-from minirope.posttraining.arguments import METHODS, RECIPES, PosttrainArguments, method_recipe, sft_mapping
+from minirope.posttraining.arguments import METHODS, RECIPES, PosttrainArguments, method_recipe
+from minirope.posttraining.configs import sft_mapping
 from minirope.posttraining.sizing import count_parameters, sized_defaults
 from minirope.posttraining.tasks import bundled, default_task, recipe_path
 from minirope.training.arguments import given_flags, json_arguments, read_arguments_file, take_flags
@@ -31,6 +31,7 @@ class Preparsed:
     task: str | None = None
     dataset_name: str | None = None
     train_file: list[str] | None = None
+    datasets: list[str] | None = None  # TRL's dataset mixture (`--datasets`, or its mappings in a --config file)
     model_name_or_path: str | None = field(default=None, metadata={"aliases": ["--model"]})
     model_revision: str = field(default="main", metadata={"aliases": ["--revision"]})
     trust_remote_code: bool = False
@@ -50,7 +51,7 @@ class Preparsed:
     @property
     def task_name(self) -> str | None:
         """The run's task: `--task`, else None for the user's data, else (no data) the bundled `default_task()`."""
-        return self.task or (None if self.dataset_name or self.train_file else default_task())
+        return self.task or (None if self.dataset_name or self.train_file or self.datasets else default_task())
 
 
 def defaults_help(method: str) -> str:
@@ -65,30 +66,38 @@ def defaults_help(method: str) -> str:
     )
 
 
-RENAMED = {"eval_samples_per_prompt": "num_generations_eval"}  # an earlier flag: its name now, TRL's
+RENAMED = {"eval_samples_per_prompt": "num_generations_eval", "validation_split_percentage": "test_split_size"}
+PERCENT = {"validation_split_percentage"}  # earlier flags in percent whose flag now (RENAMED) takes a share
 INTO_SFT_CONFIG = {"sft_learning_rate": "learning_rate", "sft_batch_size": "per_device_train_batch_size",
                    "sft_lm_coef": "lm_coef"}  # earlier flags: their key of --sft_config now  # fmt: skip
 MERGED = ("sft_config",)  # mappings whose keys each layer sets one by one (a layer replaces the keys it names)
 
 
 def renamed(argv: list[str], arguments: dict) -> list[str]:
-    """`argv` with each flag of `RENAMED` under its name now and those of `INTO_SFT_CONFIG` as keys of `--sft_config`
-    (below the keys it gives itself), saying so.
+    """`argv` with each flag of `RENAMED` under its name now (a `PERCENT` one's value as a share, before the flags
+    given, which win) and those of `INTO_SFT_CONFIG` as keys of `--sft_config` (below the keys it gives), saying so.
 
     Raises:
         ValueError: the arguments file's `arguments` name an earlier flag (the file is the user's to edit), or an
-            earlier warm-start flag's value is not a number.
+            earlier flag's value that is not a number.
     """
     if old := sorted(set(arguments) & {*RENAMED, *INTO_SFT_CONFIG}):
         now = RENAMED.get(old[0]) or f"the {INTO_SFT_CONFIG.get(old[0])} key of sft_config"
-        raise ValueError(f"the arguments file sets {old[0]}, which is now {now} (TRL's name): rename it.")
-    argv, old = take_flags(argv, INTO_SFT_CONFIG)
+        share = ", a share: 5 % is 0.05" if old[0] in PERCENT else ""
+        raise ValueError(f"the arguments file sets {old[0]}, which is now {now} (TRL's name{share}): rename it.")
+    argv, old = take_flags(argv, {*INTO_SFT_CONFIG, *PERCENT})
     into, out = {}, []
     for name, value in old.items():
         try:
-            into[INTO_SFT_CONFIG[name]] = (int if name == "sft_batch_size" else float)(value)
+            number = (int if name == "sft_batch_size" else float)(value)
         except ValueError:
             raise ValueError(f"--{name} {value!r}: not a number.") from None
+        if name in PERCENT:
+            argv = [f"--{RENAMED[name]}", f"{number / 100:g}", *argv]
+            print(f"[minirope] --{name} {value} is now --{RENAMED[name]} {number / 100:g} (TRL's name, a share); the "
+                  f"run takes it as that.")  # fmt: skip
+            continue
+        into[INTO_SFT_CONFIG[name]] = number
         print(f"[minirope] --{name} is now the {INTO_SFT_CONFIG[name]} key of --sft_config (the warm start's "
               f"SFTConfig flags); the run takes it as that.")  # fmt: skip
     for item in argv:
@@ -136,8 +145,9 @@ def recipe(known: Preparsed, given: frozenset) -> tuple[dict, str | None]:
 
 
 def preparse(argv: list[str], arguments: dict) -> Preparsed:
-    """`--method`, `--dataset_name` and `--train_file` of a command line, read by the argument parser over
-    `arguments` (the keys of its `--config` YAML file or JSON arguments file); the method "grpo" when none names one.
+    """`--method` and the data flags (`--dataset_name`, `--train_file`, `--datasets`) of a command line, read by the
+    argument parser over `arguments` (the keys of its `--config` YAML file or JSON arguments file); the method "grpo"
+    when none names one.
 
     Raises:
         ValueError: a method that is not one of `METHODS`.
@@ -238,60 +248,3 @@ def merge_sft_config(args, defaults: dict, arguments: dict, layers: tuple[dict, 
     sources = zip(("method recipe", "recipe", "sized", "--config", "command line"),
                   (*(layer.get("sft_config") or {} for layer in layers), in_file, given), strict=True)  # fmt: skip
     args.sft_sources = {key: source for source, layer in sources for key in layer}
-
-
-def trl_base(kind: type) -> type | None:
-    """The TRL class `kind` extends (`ScriptArguments`, `GRPOConfig`, `ModelConfig`, ...), None for none."""
-    return next((base for base in kind.__mro__ if base.__module__.startswith("trl.")), None)
-
-
-def trl_default(base: type | None, name: str):
-    """TRL's default for the flag `name` of `base`; `MISSING` where TRL has no such flag."""
-    item = base.__dataclass_fields__.get(name) if base is not None else None
-    if item is None:
-        return MISSING
-    return item.default_factory() if item.default_factory is not MISSING else item.default
-
-
-def settings(args, config, model_args) -> dict[str, dict]:
-    """Every flag of the run whose value differs from TRL's default for it, or that TRL's scripts lack and the run sets,
-    with its value and where it came from: `command line`, `--config`, `recipe` (the task's), `sized` (for a
-    released-size model), `method recipe` (`arguments.method_recipe`), `minirope` (a default of minirope's configs:
-    `arguments`) or `TRL, from the others` (a value TRL's own config derives). Tokens are left out."""
-    found = {}
-    for parsed in (args, config, model_args):
-        kind, base = type(parsed), trl_base(type(parsed))
-        own = {
-            name for cls in kind.__mro__[: kind.__mro__.index(base)] for name in vars(cls).get("__annotations__", {})
-        }
-        aliases = {alias.lstrip("-").replace("-", "_"): item.name
-                   for item in fields(parsed) for alias in item.metadata.get("aliases", [])}  # fmt: skip
-        named = {aliases.get(name, name) for name in args.command_line}
-        given = {aliases.get(name, name) for name in args.given}
-        for item in fields(parsed):
-            value, default = getattr(parsed, item.name), trl_default(base, item.name)
-            skip = "token" in item.name or item.name in MERGED  # secrets; mappings, by key below
-            if skip or value == default or (default is MISSING and value is None):
-                continue
-            source = ("command line" if item.name in named else "--config" if item.name in given
-                      else "sized" if item.name in args.sized else "recipe" if item.name in args.recipe
-                      else "method recipe" if item.name in args.method_recipe
-                      else "minirope" if item.name in own else "TRL, from the others")  # fmt: skip
-            found[item.name] = {"value": json_value(value), "source": source}
-    if args.sft_config:  # a mapping whose keys come from several layers: each key's source
-        sources = {key: args.sft_sources.get(key, "minirope") for key in args.sft_config}
-        found["sft_config"] = {"value": json_value(args.sft_config), "source": "by key", "sources": sources}
-    return found
-
-
-def json_value(value):
-    """`value` as JSON holds it: enums by their value, paths and other objects as text."""
-    if isinstance(value, Enum):
-        return value.value
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, list | tuple):
-        return [json_value(item) for item in value]
-    if isinstance(value, dict):
-        return {str(key): json_value(item) for key, item in value.items()}
-    return str(value)

