@@ -446,6 +446,12 @@ CASES = [
     ),
     (POSTTRAIN, [*GRPO, "--lm_coef", "0.5", "--model_name_or_path", "{w}/model-other"], "--lm_coef 0.5 needs the text"),
     (POSTTRAIN, [*GRPO, "--sft_steps", "-1"], "--sft_steps must be >= 0 (0: no warm start), got -1"),
+    (POSTTRAIN, [*GRPO, "--test_split_size", "0.7"], "--test_split_size must be a share in (0, 0.5] or a whole"),
+    (
+        POSTTRAIN,
+        [*GRPO, "--dataset_name", "{w}/problems", "--datasets", "{w}/problems"],
+        "Give one of --dataset_name or",
+    ),
     (
         POSTTRAIN,
         [
