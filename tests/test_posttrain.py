@@ -369,6 +369,9 @@ def test_trls_dataset_mixture_is_read_and_the_first_rows_held_out(tiny_pretraine
     args = parse_args([*model, "--config", str(config), "--validation_split_percentage", "25", "--test_split_size",
                        "2"])[0]  # fmt: skip
     assert args.test_split_size == 2  # the flag given wins over the earlier one's
+    args = parse_args([*model, "--config", str(config), "--test_split_size", "20"])[0]
+    with pytest.raises(ValueError, match=r"--datasets has too few rows \(20\) to hold out 20 for validation"):
+        data_task(args)  # every row held out: nothing to train on
     config.write_text(f"datasets:\n  - path: json\n    data_files: {rows}\nvalidation_split_percentage: 10\n")
     with pytest.raises(ValueError, match="which is now test_split_size .TRL's name, a share: 5 % is 0.05"):
         parse_args([*model, "--config", str(config)])

@@ -140,7 +140,7 @@ def held_out(raw: DatasetDict, data_args: FinetuneDataArguments, what: str) -> D
     --validation_split_percentage (`hold_out`)."""
     if data_args.validation_file:
         return raw
-    return hold_out(raw["train"], data_args.validation_split_percentage, what)
+    return hold_out(raw["train"], data_args.validation_split_percentage / 100, what)
 
 
 def data_kind_and_dataset(data_args: FinetuneDataArguments) -> tuple[str, object]:

@@ -153,19 +153,20 @@ def first_rows(rows: Dataset, limit: int | None) -> Dataset:
     return rows if limit is None else rows.select(range(min(len(rows), limit)))
 
 
-def hold_out(rows: Dataset, percentage: float, what: str, source: str = "--train_file") -> DatasetDict:
-    """`{"train", "validation"}` of `rows`: the first `percentage` % (at least one row) held out for validation, the
-    rest for training, as transformers' `run_clm.py` splits `train[:N%]` / `train[N%:]` for its
-    `--validation_split_percentage`. No row is in both.
+def hold_out(rows: Dataset, size: float, what: str, source: str = "--train_file") -> DatasetDict:
+    """`{"train", "validation"}` of `rows`: the first rows held out for validation, the rest for training, as
+    transformers' `run_clm.py` splits `train[:N%]` / `train[N%:]` for its `--validation_split_percentage`. `size`, as
+    `Dataset.train_test_split`'s `test_size` and TRL's `--test_split_size` take it: a share below 1 (at least one row
+    held out), or a whole number of rows. No row is in both.
 
     Raises:
-        ValueError: fewer than two rows of `what` in `source` (the flag that gave them; nothing would be left to
-            train on).
+        ValueError: too few rows of `what` in `source` (the flag that gave them) to leave any to train on.
     """
-    held = max(1, round(len(rows) * percentage / 100))
+    held = max(1, round(len(rows) * size)) if size < 1 else int(size)
     if len(rows) - held < 1:
+        asked = f"{100 * size:g} %" if size < 1 else f"{held}"
         raise ValueError(
-            f"{source} has too few {what} ({len(rows)}) to hold out {percentage:g} % for validation: give more "
+            f"{source} has too few {what} ({len(rows)}) to hold out {asked} for validation: give more "
             f"data or held-out rows of their own."
         )
     return DatasetDict({"train": rows.select(range(held, len(rows))), "validation": rows.select(range(held))})
@@ -181,7 +182,7 @@ def held_out_blocks(
         ValueError: a bad document, or too few blocks to hold any out.
     """
     blocks = training_blocks(shards, tokenizer, data_args, seed)
-    split = hold_out(blocks, data_args.validation_split_percentage, f"blocks of {data_args.block_size} tokens")
+    split = hold_out(blocks, data_args.validation_split_percentage / 100, f"blocks of {data_args.block_size} tokens")
     return split["train"], first_rows(split["validation"], data_args.max_eval_samples)
 
 

@@ -17,6 +17,7 @@ from minirope.posttraining.configs import sft_mapping
 from minirope.training.arguments import read_arguments_file
 
 METHODS = ("grpo", "dpo", "distill")
+USER_SOURCES = ("command line", "--config")  # where the user set a value; the other sources are recipes
 RECIPES = Path(__file__).parent / "recipes"
 
 

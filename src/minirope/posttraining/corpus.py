@@ -23,7 +23,7 @@ from minirope.data.bundled import BUNDLED_CORPUS, bundled_shards
 from minirope.data.documents import Shard
 from minirope.data.pipeline import TextDataArguments, data_description, training_blocks
 from minirope.data.sources import dataset_shards, file_shards
-from minirope.posttraining.arguments import PosttrainArguments
+from minirope.posttraining.arguments import USER_SOURCES, PosttrainArguments
 
 
 def trained_on(model_path: str) -> str | None:
@@ -86,7 +86,7 @@ def corpus_of(args: PosttrainArguments, model: str) -> Corpus:
         source = f"{BUNDLED_CORPUS}, which {model} was trained on"
         shards = bundled_shards("train") if coef or warm_coef else None
         return Corpus(shards, coef, warm_coef, source, validation or bundled_shards("validation"), base)
-    user = args.sft_sources.get("lm_coef") in ("command line", "--config")  # not a recipe's
+    user = args.sft_sources.get("lm_coef") in USER_SOURCES  # not a recipe's
     weights = (("--lm_coef", args.lm_coef, "lm_coef" in args.given), ("--sft_config lm_coef", args.sft_lm_coef, user))
     for flag, value, given in weights:
         if value and given:  # a recipe's weight applies only where there is a corpus

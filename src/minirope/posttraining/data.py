@@ -51,9 +51,7 @@ def data_task(args: PosttrainArguments) -> Task:
     held_out = splits.get("test")
     if held_out is None:
         flag = "--train_file" if args.train_file else "--datasets" if args.datasets else f"--dataset_name {source}"
-        size = args.test_split_size  # a share, or a number of rows
-        percentage = round(100 * (size if size < 1 else size / max(len(train), 1)), 9)  # 0.05: 5, not 5.000...1
-        split = hold_out(train, percentage, "rows", flag)
+        split = hold_out(train, args.test_split_size, "rows", flag)  # a share, or a number of rows
         train, held_out = split["train"], split["validation"]
     else:
         check_columns(held_out, pairs, args, f"{source} {args.dataset_test_split}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from transformers import HfArgumentParser
 from trl import TrlParser
 
-from minirope.posttraining.arguments import METHODS, RECIPES, PosttrainArguments, method_recipe
+from minirope.posttraining.arguments import METHODS, RECIPES, USER_SOURCES, PosttrainArguments, method_recipe
 from minirope.posttraining.configs import sft_mapping
 from minirope.posttraining.sizing import count_parameters, sized_defaults
 from minirope.posttraining.tasks import bundled, default_task, recipe_path
@@ -245,6 +245,6 @@ def merge_sft_config(args, defaults: dict, arguments: dict, layers: tuple[dict, 
     given = args.sft_config if "sft_config" in args.command_line else {}
     in_file = sft_mapping(arguments.get("sft_config"), "the --config file's sft_config")
     args.sft_config = {**defaults.get("sft_config", {}), **in_file, **args.sft_config}
-    sources = zip(("method recipe", "recipe", "sized", "--config", "command line"),
+    sources = zip(("method recipe", "recipe", "sized", *reversed(USER_SOURCES)),
                   (*(layer.get("sft_config") or {} for layer in layers), in_file, given), strict=True)  # fmt: skip
     args.sft_sources = {key: source for source, layer in sources for key in layer}

@@ -7,6 +7,7 @@ from enum import Enum
 
 from minirope.output.card import card_name, licence_of, model_card
 from minirope.output.folder import finish_run
+from minirope.posttraining.arguments import USER_SOURCES
 from minirope.posttraining.keep_best import score_name
 from minirope.posttraining.measures import METRIC
 from minirope.posttraining.parsing import MERGED
@@ -163,7 +164,8 @@ def settings(args, config, model_args) -> dict[str, dict]:
             skip = "token" in item.name or item.name in MERGED  # secrets; mappings, by key below
             if skip or value == default or (default is MISSING and value is None):
                 continue
-            source = ("command line" if item.name in named else "--config" if item.name in given
+            command_line, config_file = USER_SOURCES
+            source = (command_line if item.name in named else config_file if item.name in given
                       else "sized" if item.name in args.sized else "recipe" if item.name in args.recipe
                       else "method recipe" if item.name in args.method_recipe
                       else "minirope" if item.name in own else "TRL, from the others")  # fmt: skip
