@@ -55,11 +55,10 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from minirope import MiniRopeConfig, MiniRopeForCausalLM, MiniRopeRotaryEmbedding
 from minirope.commands.generate import measured_matmuls
 from minirope.convert import to_llama
-from minirope.cpu_matmuls import available as onednn_available
-from minirope.cpu_matmuls import cpu_model_name, onednn_linear, use_measured_matmuls
+from minirope.cpu_matmuls import use_measured_matmuls
+from minirope.machine import cpu_model_name, onednn_available, onednn_linear, time_matmul_peak
 from minirope.training.arguments import reuse_freed_memory
 from minirope.training.precision import choose_bf16
-from minirope.training.throughput import matmul_peak_flops
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -467,7 +466,7 @@ def main() -> None:
         "date": date.today().isoformat(),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
         "cpu": cpu_description(),
-        "float32_peak_gflops": round(matmul_peak_flops("cpu", torch.float32)[0] / 1e9, 1),
+        "float32_peak_gflops": round(time_matmul_peak("cpu", torch.float32)[0] / 1e9, 1),
         "allocator": allocator,
         "versions": {
             "python": platform.python_version(),

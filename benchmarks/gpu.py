@@ -10,7 +10,7 @@ transformers' `Trainer`), with the same `TrainingArguments`: bf16 where the devi
 CUDA, `torch_compile` on or off. Time per step = the wall time of the steps after the warm-up (the device
 synchronised at both ends) / `--steps`; the models alternate (minirope, Llama, minirope, Llama, ...) for `--rounds`
 rounds and each keeps its best round. MFU uses PaLM's FLOP count (`training_flops_per_token`) against the
-bf16 matmul peak measured once in this run (`matmul_peak_flops`: grown until the rate stops rising).
+bf16 matmul peak measured once in this run (`time_matmul_peak`: grown until the rate stops rising).
 Peak memory: `max_memory_allocated` during the run (CUDA only). `--use_liger_kernel` rows run where
 `liger-kernel` is installed (transformers patches Llama with it; minirope's fused loss is its own).
 
@@ -36,7 +36,8 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from minirope import MiniRopeConfig, MiniRopeForCausalLM
 from minirope.convert import to_llama
-from minirope.training.throughput import matmul_peak_flops, training_flops_per_token
+from minirope.machine import time_matmul_peak
+from minirope.training.throughput import training_flops_per_token
 from minirope.training.trainer import MiniRopeTrainer
 
 SIZES = {  # config, (batch, block)
@@ -196,7 +197,7 @@ def main() -> None:
         args.attention += ["flex_attention"] if cuda else []
     args.liger = cuda and importlib.util.find_spec("liger_kernel") is not None
     dtype = torch.bfloat16 if args.bf16 else torch.float32
-    peak, peak_size = matmul_peak_flops(args.device, dtype)
+    peak, peak_size = time_matmul_peak(args.device, dtype)
     precision = str(dtype).removeprefix("torch.")
     print(f"{device_description()}; torch {torch.__version__}, transformers {transformers.__version__}; "
           f"{precision} matmul peak {peak / 1e12:.1f} TFLOP/s at {peak_size}-square matmuls")  # fmt: skip

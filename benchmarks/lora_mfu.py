@@ -19,7 +19,7 @@ an AVX2-only CPU; `--dtype bfloat16` elsewhere), the median of `--reps` forward 
 Model FLOPs per token as in PaLM (`minirope.training.throughput`): 6N for a full step, 4N for LoRA (the forward and
 the matmuls that carry the gradient back to the inputs; a frozen weight takes no gradient), the attention's in both;
 checkpointing's recomputed forward is not counted (it is overhead, not model FLOPs). MFU divides by the machine's
-measured product peak in that precision (`matmul_peak_flops`). Prints a table and appends a row to --output.
+measured product peak in that precision (`time_matmul_peak`). Prints a table and appends a row to --output.
 """
 
 import argparse
@@ -129,7 +129,8 @@ def main() -> None:
 
     import transformers
 
-    from minirope.training.throughput import matmul_peak_flops, training_flops_per_token
+    from minirope.machine import time_matmul_peak
+    from minirope.training.throughput import training_flops_per_token
 
     dtype = getattr(torch, args.dtype)
     model = load(args.model, dtype)
@@ -139,7 +140,7 @@ def main() -> None:
     full_per_token = training_flops_per_token(model.config, args.tokens)
     lora_per_token = full_per_token - 2 * training_flops_per_token(model.config, 0) / 6  # 6N -> 4N
     seconds, compiling = cases(model, ids, args.completion_tokens, args.reps, args.compile)
-    peak, _ = matmul_peak_flops("cpu", dtype)
+    peak, _ = time_matmul_peak("cpu", dtype)
     tokens = args.rows * args.tokens
     rows = {}
     for case, spent in seconds.items():

@@ -41,7 +41,7 @@ PLOT = ROOT / "docs" / "post_training_frontier.png"
 def machine() -> dict:
     import trl
 
-    from minirope.cpu_matmuls import cpu_model_name
+    from minirope.machine import cpu_model_name
 
     return {
         "cpu": cpu_model_name(),

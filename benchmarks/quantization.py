@@ -36,11 +36,11 @@ import transformers
 from bench_speed import command_line  # this folder's helpers
 from transformers import AutoModelForCausalLM, AutoTokenizer, EvalPrediction, QuantoConfig, TorchAoConfig
 
-from minirope.cpu_matmuls import cpu_model_name
 from minirope.data.pipeline import validation_windows
 from minirope.data.sources import bundled_shards
 from minirope.data.tokenizer import token_byte_lengths
 from minirope.export import export_executorch, export_gguf
+from minirope.machine import cpu_model_name
 from minirope.training.metrics import LanguageModelingMetrics, per_token_loss
 
 ROOT = Path(__file__).resolve().parent.parent

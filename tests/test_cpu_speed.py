@@ -10,11 +10,11 @@ import torch
 from conftest import llama_twin, random_model, tiny_config
 from torch import nn
 
-from minirope import cpu_matmuls
+from minirope import cpu_matmuls, machine
 from minirope.training.arguments import MiniRopeTrainingArguments, reuse_freed_memory
 from minirope.training.trainer import MiniRopeTrainer
 
-needs_onednn = pytest.mark.skipif(not cpu_matmuls.available(), reason="oneDNN linear needs an x86 CPU and mkldnn")
+needs_onednn = pytest.mark.skipif(not machine.onednn_available(), reason="oneDNN linear needs an x86 CPU and mkldnn")
 
 
 def ran_on_onednn(run) -> bool:
@@ -36,7 +36,7 @@ def test_the_model_runs_llamas_products():
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIROPE_CACHE", str(tmp_path))
-    return tmp_path / "cpu_matmuls.json"
+    return tmp_path / "machine.json"
 
 
 def fake_timings(monkeypatch, winner: str) -> list:
@@ -90,7 +90,7 @@ def test_measured_faster_products_move_and_give_the_same_tokens(cache, monkeypat
     assert torch.equal(model.generate(prompt, **settings), llama_twin(model).generate(prompt, **settings))
     # cached for this machine: a second model of the same shapes measures nothing
     saved = json.loads(cache.read_text())
-    assert list(saved) == [cpu_matmuls.machine()] and "torch" in cpu_matmuls.machine()
+    assert list(saved) == [machine.machine()] and "torch" in machine.machine()
     measured.clear()
     cpu_matmuls.use_measured_matmuls(random_model(tiny_config(), seed=1))
     assert measured == []
@@ -215,12 +215,47 @@ def test_the_speed_measures_leave_the_runs_random_state_alone():
     """The matmuls timed to choose kernels and precision, and the matmul peak, draw their operands from their own
     generator: a run that measures (the first of a process; later ones read the cache) starts from the random state
     its seed gave, as a run that does not (two LoRA fine-tunes in one process trained differently before)."""
-    from minirope.training.precision import bf16_speedup
-    from minirope.training.throughput import matmul_peak_flops
-
     torch.manual_seed(0)
     state = torch.random.get_rng_state()
     cpu_matmuls.measure(16, 16, 4, 1)
-    bf16_speedup(torch.device("cpu"))
-    matmul_peak_flops(torch.device("cpu"), torch.float32)
+    machine.time_bf16_speedup()
+    machine.time_matmul_peak(torch.device("cpu"), torch.float32)
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_the_machine_is_measured_once_and_its_figures_kept_per_machine(cache, monkeypatch):
+    """The bf16 speedup and the matmul peak (each precision) are timed on a machine's first use and read from its
+    one cache file after: the same precision and the same peak in every run; another thread count is another
+    machine, measured anew."""
+    timed = []
+    monkeypatch.setattr(machine, "time_bf16_speedup", lambda: timed.append("bf16") or 3.0)
+    monkeypatch.setattr(machine, "time_matmul_peak", lambda device, dtype: timed.append(dtype) or (2e12, 1024))
+    for _ in range(2):
+        assert machine.bf16_speedup() == 3.0
+        assert machine.matmul_peak("cpu", torch.bfloat16) == (2e12, 1024)
+        assert machine.matmul_peak("cpu", torch.float32) == (2e12, 1024)
+    assert timed == ["bf16", torch.bfloat16, torch.float32]
+    saved = json.loads(cache.read_text())[machine.machine()]
+    assert saved["bf16 speedup"] == {"speedup": 3.0} and saved["matmul peak, float32"] == {"flops": 2e12, "size": 1024}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert machine.bf16_speedup() == 3.0 and timed[-1] == "bf16" and len(timed) == 4
+    finally:
+        torch.set_num_threads(threads)
+    assert len(json.loads(cache.read_text())) == 2
+
+
+def test_a_training_run_reads_the_cached_peak_and_the_line_names_the_cache(cache, monkeypatch):
+    """The throughput callback takes the cached peak when training begins; the precision line says where the
+    timing is kept (delete it to measure again)."""
+    from minirope.training.precision import choose_bf16
+    from minirope.training.throughput import ThroughputCallback
+
+    machine.measured("matmul peak, float32", lambda: {"flops": 5e11, "size": 2048})
+    machine.measured("bf16 speedup", lambda: {"speedup": 1.2})
+    callback = ThroughputCallback(tokens_per_step=1, flops_per_token=1.0)
+    callback.on_train_begin(type("Args", (), {"bf16": False, "device": torch.device("cpu")})(), None, None)
+    assert (callback.peak_flops, callback.peak_size, callback.peak_dtype) == (5e11, 2048, torch.float32)
+    bf16, line = choose_bf16(torch.device("cpu"))
+    assert not bf16 and f"bf16 matmuls 1.2x float32's on this CPU, timed once, cached in {cache}" in line

@@ -15,7 +15,7 @@ import torch
 from conftest import TINY_RUN
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
-from minirope import MiniRopeConfig, MiniRopeForCausalLM, cpu_matmuls
+from minirope import MiniRopeConfig, MiniRopeForCausalLM, machine
 from minirope.commands import pretrain
 from minirope.training.throughput import training_flops_per_token
 
@@ -190,7 +190,7 @@ def test_generate_cli_streams_text(tiny_run):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ROMEO:") and len(result.stdout.strip()) > len("ROMEO:")
-    if cpu_matmuls.available():  # the measured kernel choice (timed where missing) is said, apart from the text
+    if machine.onednn_available():  # the measured kernel choice (timed where missing) is said, apart from the text
         assert "[minirope] matmuls on oneDNN, measured faster on this CPU: decoding " in result.stderr
 
 

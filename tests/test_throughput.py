@@ -8,7 +8,8 @@ import torch
 from conftest import tiny_config
 
 from minirope import MiniRopeForCausalLM
-from minirope.training.throughput import ThroughputCallback, matmul_peak_flops, training_flops_per_token
+from minirope.machine import time_matmul_peak
+from minirope.training.throughput import ThroughputCallback, training_flops_per_token
 
 
 def test_flops_per_token_counts_every_matrix_product_and_attention():
@@ -70,7 +71,7 @@ def test_training_seconds_leave_out_evaluations_and_checkpoints(monkeypatch):
 
 
 def test_matmul_peak_is_a_plausible_rate():
-    flops, size = matmul_peak_flops(sizes=(128, 256), repeats=2)
+    flops, size = time_matmul_peak(sizes=(128, 256), repeats=2)
     assert 1e8 < flops < 1e15  # between 0.1 GFLOP/s and 1 PFLOP/s
     assert size in (128, 256)
 
@@ -78,7 +79,7 @@ def test_matmul_peak_is_a_plausible_rate():
 def test_matmul_peak_grows_the_product_until_the_rate_stops_rising(monkeypatch):
     """A GPU-like device whose rate rises up to 8192 x 8192 (as an H200's did: 440 TFLOP/s at 2048, 775 at 8192)
     is measured at 8192, not at the size where a small device is already full."""
-    from minirope.training import throughput
+    from minirope import machine
 
     rates = {512: 50e12, 1024: 200e12, 2048: 440e12, 4096: 700e12, 8192: 775e12, 16384: 780e12}
     measured = []
@@ -87,26 +88,26 @@ def test_matmul_peak_grows_the_product_until_the_rate_stops_rising(monkeypatch):
         measured.append(size)
         return 2 * size**3 / rates[size]
 
-    monkeypatch.setattr(throughput, "matmul_seconds", fake_seconds)
-    assert throughput.matmul_peak_flops("cpu") == (pytest.approx(780e12), 16384)  # rose < 5 %: stop there
+    monkeypatch.setattr(machine, "matmul_seconds", fake_seconds)
+    assert machine.time_matmul_peak("cpu") == (pytest.approx(780e12), 16384)  # rose < 5 %: stop there
     assert measured == [512, 1024, 2048, 4096, 8192, 16384]
     rates.update({4096: 445e12})  # full at 2048: one more size to see it, no further
     measured.clear()
-    assert throughput.matmul_peak_flops("cpu") == (pytest.approx(445e12), 4096)
+    assert machine.time_matmul_peak("cpu") == (pytest.approx(445e12), 4096)
     assert measured == [512, 1024, 2048, 4096]
     measured.clear()  # a slow device: a product of 0.1 s is large enough
-    assert throughput.matmul_peak_flops("cpu", sizes=(512, 1024, 2048), long_enough=2 * 1024**3 / 200e12)[1] == 1024
+    assert machine.time_matmul_peak("cpu", sizes=(512, 1024, 2048), long_enough=2 * 1024**3 / 200e12)[1] == 1024
     assert measured == [512, 1024]
 
 
 def test_precision_and_compile_defaults_follow_the_bf16_measurement(monkeypatch):
     """`--bf16` unset: bf16 where its matmuls are `BF16_MARGIN` times faster or more; `--torch_compile`
     (pretraining) follows it; the choice comes with the line that says why."""
+    from minirope import machine
     from minirope.commands import pretrain
-    from minirope.training import precision
 
     for speedup, bf16 in ((3.9, True), (1.49, False), (0.007, False)):
-        monkeypatch.setattr(precision, "bf16_speedup", lambda device, speedup=speedup: speedup)
+        monkeypatch.setattr(machine, "bf16_speedup", lambda speedup=speedup: speedup)
         args = pretrain.parse_args(["--use_cpu", "True"])[2]
         assert (args.bf16, args.torch_compile) == (bf16, bf16)
         assert args.precision_line.startswith(
@@ -119,13 +120,13 @@ def test_precision_and_compile_defaults_follow_the_bf16_measurement(monkeypatch)
 def test_post_training_stays_float32_on_a_cpu_without_timing_its_matmuls(monkeypatch):
     """`minirope-posttrain` without `--bf16`: float32 on a CPU whatever bf16 matmuls would measure (GRPO learned less
     in bf16), so nothing is timed; the line gives the reason; `--bf16 True` decides instead."""
+    from minirope import machine
     from minirope.posttraining.parsing import parse_args
-    from minirope.training import precision
 
-    def timed(device):
+    def timed():
         raise AssertionError("post-training on a CPU timed its matmuls")
 
-    monkeypatch.setattr(precision, "bf16_speedup", timed)
+    monkeypatch.setattr(machine, "bf16_speedup", timed)
     config = parse_args(["--method", "grpo", "--model", "./m", "--use_cpu", "True"])[1]
     assert config.bf16 is False
     assert config.precision_line.startswith("precision: float32 on a CPU (GRPO learned less in bf16")
@@ -136,9 +137,10 @@ def test_post_training_stays_float32_on_a_cpu_without_timing_its_matmuls(monkeyp
 def test_the_bf16_measurement_gives_one_answer_on_this_cpu():
     """Five measurements, one decision: the speedup is far from the margin on either side (native bf16 2-6x,
     emulated bf16 below 0.1x), which is what keeps a busy host from flipping the default run's precision."""
-    from minirope.training.precision import BF16_MARGIN, bf16_speedup
+    from minirope.machine import time_bf16_speedup
+    from minirope.training.precision import BF16_MARGIN
 
-    speedups = [bf16_speedup(torch.device("cpu")) for _ in range(5)]
+    speedups = [time_bf16_speedup() for _ in range(5)]
     print("bf16 speedups:", [f"{speedup:.3g}" for speedup in speedups])
     assert len({speedup >= BF16_MARGIN for speedup in speedups}) == 1
 

@@ -6,8 +6,8 @@ rows: a decoding step's few-row matmuls MKL runs on one thread, oneDNN on all (b
 step's matmuls MKL ran at ~200 GFLOP/s on a 2-core AVX-512 AMD EPYC and oneDNN at ~450 (docs/performance.md), while
 on an Intel Sapphire Rapids oneDNN was the slower. So nothing here is decided by a rule: `use_measured_matmuls(model)`
 times both kernels on this machine for each of the model's weight shapes, keeps oneDNN only where its median wins by
-`MARGIN`, and caches the per-shape decisions per CPU model, torch version and thread count in
-`~/.cache/minirope/cpu_matmuls.json` (`MINIROPE_CACHE` moves it), outside any model folder. Two uses:
+`MARGIN`, and caches the per-shape decisions per CPU model, torch version and thread count with the machine's other
+timings (`minirope.machine`: `~/.cache/minirope/machine.json`, outside any model folder). Two uses:
 
 - decoding (`use_measured_matmuls(model)`, which `minirope-generate` applies): matmuls of 1 and of 2-8 rows, each
   weight timed among as many bytes of weights as the model has, and kept only where the model's whole one-token
@@ -26,17 +26,15 @@ model files that `save_pretrained` ships know nothing of this: a saved folder co
     model.generate(...)                      # the chosen decoding matmuls on oneDNN
 """
 
-import json
 import math
-import os
-import platform
-import statistics
 import time
 import types
-from pathlib import Path
 
 import torch
 from torch import nn
+
+from minirope import machine
+from minirope.machine import onednn_linear
 
 MARGIN = 1.2  # a product moves to oneDNN only where its median is this many times faster
 STEP_MARGIN = 1.05  # ... and only if the model's whole decoding step is then this many times faster
@@ -44,16 +42,6 @@ REPS = 9
 ROWS = (1, 8)  # batch-1 and batch-8 decoding; matmuls of up to 8 rows take the 8-row decision
 TRAINING_ROWS = 1024  # matmuls of more rows (training, prefill, evaluation) take the decision timed at this many
 TRAINING = "training"
-
-
-def available() -> bool:
-    """Whether this torch can run float32 matmuls on oneDNN here: an x86 CPU and torch built with mkldnn."""
-    return platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
-
-
-def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x @ weight.T + bias` on oneDNN. x `(..., K)`, weight `(N, K)`, bias `(N,)` or None -> `(..., N)`."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 class OneDnnLinear(torch.autograd.Function):
@@ -80,71 +68,12 @@ class OneDnnLinear(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias
 
 
-def cpu_model_name() -> str:
-    """The CPU's model name, with its family and model numbers where the name alone is vague (a cloud "AMD EPYC"
-    names several generations): Linux `/proc/cpuinfo`; `platform.processor()` elsewhere."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    fields = {}
-    for line in lines:
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    if "model name" not in fields:
-        return platform.processor()
-    return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
-
-
-def machine() -> str:
-    """What the decisions depend on: the CPU's model name, torch's version and its thread count."""
-    return f"{cpu_model_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
-
-
-def cache_path() -> Path:
-    return Path(os.environ.get("MINIROPE_CACHE", "~/.cache/minirope")).expanduser() / "cpu_matmuls.json"
-
-
-def median_seconds(product, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
-    """Median time of `product(x, weight)`, cycling through `weights` (copies of one weight standing for the model's
-    other weights: each call finds its weight where a decoding step would, in the cache or in memory)."""
-    for weight in weights[:2]:
-        product(x, weight)  # warm-up: oneDNN builds its kernel for the shape on the first call
-    times = []
-    for rep in range(max(REPS, len(weights))):
-        start = time.perf_counter()
-        product(x, weights[rep % len(weights)])
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def measure(in_features: int, out_features: int, rows: int, model_mib: int) -> dict:
     """Both kernels' median microseconds for `(rows, in) @ (out, in).T` with its weight among `model_mib` MiB of
-    weights (a model that fits in the cache decodes from the cache; a larger one reads every weight from memory),
-    and whether oneDNN wins by `MARGIN`. At `TRAINING_ROWS` rows, the sum of the forward product and the two
-    backward ones (`grad @ W`, `grad.T @ x`), each kernel's own."""
-    weight_bytes = 4 * in_features * out_features
-    copies = max(1, min(64, model_mib * 2**20 // weight_bytes))
-    generator = torch.Generator().manual_seed(0)  # the run's own random state is left as it was
-    weights = [torch.randn(out_features, in_features, generator=generator) for _ in range(copies)]
-    x = torch.randn(rows, in_features, generator=generator)
-    with torch.no_grad():
-        if rows < TRAINING_ROWS:
-            torch_us = median_seconds(nn.functional.linear, x, weights) * 1e6
-            onednn_us = median_seconds(onednn_linear, x, weights) * 1e6
-        else:
-            grad = torch.randn(rows, out_features, generator=generator)
-            torch_us = 1e6 * (
-                median_seconds(nn.functional.linear, x, weights)
-                + median_seconds(lambda g, w: g @ w, grad, weights)
-                + median_seconds(lambda g, a: g.T @ a, grad, [x])
-            )
-            onednn_us = 1e6 * (
-                median_seconds(onednn_linear, x, weights)
-                + median_seconds(lambda g, w: onednn_linear(g, w.T), grad, weights)
-                + median_seconds(lambda g, a: onednn_linear(g.T, a.T), grad, [x])
-            )
-    return {"torch_us": round(torch_us, 1), "onednn_us": round(onednn_us, 1), "onednn": torch_us > MARGIN * onednn_us}
+    weights (`machine.onednn_product_us`; at `TRAINING_ROWS` rows, with the two backward products), and whether
+    oneDNN wins by `MARGIN`."""
+    timed = machine.onednn_product_us(in_features, out_features, rows, model_mib, training=rows >= TRAINING_ROWS)
+    return timed | {"onednn": timed["torch_us"] > MARGIN * timed["onednn_us"]}
 
 
 def decision_name(in_features: int, out_features: int, rows: int | str, model_mib: int) -> str:
@@ -155,44 +84,17 @@ def decision_name(in_features: int, out_features: int, rows: int | str, model_mi
     return f"{in_features} x {out_features}, {rows} rows, {model_mib} MiB"
 
 
-def read_cache() -> dict:
-    """The whole cache file (`{machine: {decision name: decision}}`); {} where there is none or it is unreadable."""
-    try:
-        return json.loads(cache_path().read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def write_cache(cache: dict) -> None:
-    """Write `cache` whole (a scratch file renamed over the old one); a read-only home only says so."""
-    path = cache_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = path.with_suffix(f".{os.getpid()}.tmp")
-        scratch.write_text(json.dumps(cache, indent=1))
-        scratch.replace(path)  # whole or not at all
-    except OSError as error:  # decided all the same, measured again next time
-        print(f"[minirope] could not cache the matmul timings in {path} ({error}); set MINIROPE_CACHE")
-
-
 def decisions(
     shapes: set[tuple[int, int]], model_mib: int, rows: tuple[int, ...] = ROWS, timing: bool = True
 ) -> dict[str, dict] | None:
     """`{decision_name: measure(...)}` for every `(in, out)` shape at every row count of `rows` in a model of
-    `model_mib` MiB of float32 weights: read from the cache for this machine, measured (and added) where missing;
-    without `timing`, None where any is missing (nothing is timed)."""
-    cache = read_cache()
-    known = cache.setdefault(machine(), {})
+    `model_mib` MiB of float32 weights: read from this machine's cache (`machine.measured`), measured (and added)
+    where missing; without `timing`, None where any is missing (nothing is timed)."""
     wanted = {decision_name(i, o, r, model_mib): (i, o, r, model_mib if r < TRAINING_ROWS else 0)
               for i, o in sorted(shapes) for r in rows}  # fmt: skip
-    missing = {name: args for name, args in wanted.items() if name not in known}
-    if missing and not timing:
+    if not timing and any(machine.measured(name, dict, timing=False) is None for name in wanted):
         return None
-    for name, args in missing.items():
-        known[name] = measure(*args)
-    if missing:
-        write_cache(cache)
-    return {name: known[name] for name in wanted}
+    return {name: machine.measured(name, lambda args=args: measure(*args)) for name, args in wanted.items()}
 
 
 def step_decision(
@@ -202,20 +104,19 @@ def step_decision(
     `STEP_MARGIN` times faster (`step_seconds` with and without them), cached per machine under the model's shapes and
     the moved matmuls; without `timing`, the cached answer or None (nothing is timed)."""
     shapes = sorted({(m.in_features, m.out_features) for m in linears.values()})
+
+    def timed() -> dict:
+        plain = step_seconds(model, rows)
+        for module_name in faster:
+            move(linears[module_name], (*other[module_name], rows))
+        moved = step_seconds(model, rows)
+        for module_name in faster:
+            move(linears[module_name], other[module_name])
+        return {"torch_s": round(plain, 6), "onednn_s": round(moved, 6), "onednn": plain > STEP_MARGIN * moved}
+
     name = f"step, {rows} rows, {len(linears)} linears {shapes}, moved {sorted(faster)}"
-    cache = read_cache()
-    known = cache.setdefault(machine(), {})
-    if name in known or not timing:
-        return known.get(name, {}).get("onednn")
-    plain = step_seconds(model, rows)
-    for module_name in faster:
-        move(linears[module_name], (*other[module_name], rows))
-    moved = step_seconds(model, rows)
-    for module_name in faster:
-        move(linears[module_name], other[module_name])
-    known[name] = {"torch_s": round(plain, 6), "onednn_s": round(moved, 6), "onednn": plain > STEP_MARGIN * moved}
-    write_cache(cache)
-    return known[name]["onednn"]
+    decision = machine.measured(name, timed, timing=timing)
+    return None if decision is None else decision["onednn"]
 
 
 def plain_float32_cpu(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -294,7 +195,7 @@ def use_measured_matmuls(model: nn.Module, training: bool = False, timing: bool 
     `TRAINING_ROWS` rows (cached), which are compute-bound and as fast among the others as alone; so a machine
     makes the same choice in every run.
 
-    Both decisions are cached per machine (`cache_path`), so a machine makes the same choice in every run; without
+    Both decisions are cached per machine (`machine.measured`), so a machine makes the same choice in every run; without
     `timing` only cached decisions apply and nothing is timed (a short reply is not kept waiting for a benchmark:
     `minirope-generate`'s default), and a use with any decision missing changes nothing.
 
@@ -303,7 +204,7 @@ def use_measured_matmuls(model: nn.Module, training: bool = False, timing: bool 
     is kept.
     """
     linears = {name: m for name, m in model.named_modules() if type(m) is nn.Linear and m.weight.device.type == "cpu"}
-    if not available() or not linears:
+    if not machine.onednn_available() or not linears:
         return {}
     rows_of_use = (TRAINING,) if training else ROWS
     other = {name: tuple(r for r in m.__dict__.get("onednn_rows", ()) if r not in rows_of_use)

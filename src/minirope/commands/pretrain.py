@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig, SchedulerType, TrainingArguments, set_seed
 
-from minirope import MiniRopeConfig, MiniRopeForCausalLM
+from minirope import MiniRopeConfig, MiniRopeForCausalLM, machine
 from minirope.commands import run_cli
 from minirope.data.pipeline import (
     HeldOutArguments,
@@ -356,7 +356,7 @@ class Measures:
 
 
 def speed_lines(summary: dict, speed: dict, flops_per_token: float, tokens: int) -> list[str]:
-    """The printed lines on the run's speed (median step, tokens/s, MFU against the matmul peak measured in the run)
+    """The printed lines on the run's speed (median step, tokens/s, MFU against the machine's measured matmul peak)
     and its compute (model FLOPs: the figure that travels between machines; GFLOP-s: this machine's)."""
     lines = []
     if speed:
@@ -364,8 +364,8 @@ def speed_lines(summary: dict, speed: dict, flops_per_token: float, tokens: int)
             f"training speed (per process, median step after warm-up): {speed['step_seconds']:.3f} s/step, "
             f"{speed['tokens_per_second']:,.0f} tokens/s, {speed['model_tflops'] * 1e3:.0f} model GFLOP/s = MFU "
             f"{speed['mfu']:.1%} of the {speed['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s {speed['matmul_peak_dtype']} "
-            f"matmul peak measured in this run ({speed['matmul_peak_size']}-square matmuls, the size where the "
-            f"rate stopped rising; best of before and after training)"
+            f"matmul peak measured on this machine ({speed['matmul_peak_size']}-square matmuls, the size where the "
+            f"rate stopped rising; timed once, cached in {machine.cache_path()})"
         )
     lines.append(
         f"training compute: {summary['train_model_flops'] / 1e12:.3g} model TFLOPs ({tokens:,} tokens x "

@@ -70,7 +70,7 @@ class MiniRopeTrainingArguments(TokenNotSaved, TrainingArguments):
         default=None,
         metadata={
             "help": "bf16 mixed precision. Default: on where bf16 matmuls run 1.5x faster than float32 ones "
-            "or more (timed at start, printed; see minirope.training.precision.choose_bf16), else float32."
+            "or more (timed once per machine, printed; see minirope.training.precision.choose_bf16), else float32."
         },
     )
     use_cpu: bool | None = field(

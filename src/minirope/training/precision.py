@@ -1,59 +1,23 @@
-"""bf16 or float32 for a run: decided by timing training-shaped matrix multiplications of both on the running machine
-(`choose_bf16`), the same decision every run on a given CPU, printed with its figures."""
+"""bf16 or float32 for a run: decided by how much faster this CPU runs bf16 matrix multiplications than float32 ones
+(`choose_bf16`, timed once per machine by `minirope.machine`), so every run on a machine takes the same precision,
+printed with its figures."""
 
 import contextlib
-import time
 
 import torch
+
+from minirope import machine
 
 # bf16 is chosen on a CPU only where its matmuls beat float32's by this factor: a CPU with native bf16
 # (AVX512_BF16, AMX) measures 2-6x, one without emulates it 100x or more slower.
 BF16_MARGIN = 1.5
-
-PRECISION_ROUNDS = 15
-PRECISION_SHAPE = (1024, 256, 768)  # rows x inner x out: a decoder product of a small model's training step
-
-
-def bf16_speedup(device: torch.device) -> float | None:
-    """How many times faster bf16 matrix multiplications run than float32 ones on `device` (a CPU), or None elsewhere.
-
-    Times a `PRECISION_SHAPE` product in each dtype, alternating, for `PRECISION_ROUNDS` rounds on one thread, and
-    compares the fastest of each: the kernels' own speed, which another process busy on the same cores (a shared
-    host, a second run) can slow down but not speed up; with all threads or medians, a busy host measured anything
-    from 0.5x to 5.7x on one AVX512_BF16 CPU. A first round where bf16 is over 10x slower settles it at once
-    (emulated bf16: the rest would take seconds).
-    """
-    if device.type != "cpu":
-        return None
-    rows, inner, out = PRECISION_SHAPE
-    generator = torch.Generator().manual_seed(0)  # the run's own random state is left as it was
-    operands = {dtype: (torch.randn(rows, inner, dtype=dtype, generator=generator),
-                        torch.randn(inner, out, dtype=dtype, generator=generator))
-                for dtype in (torch.float32, torch.bfloat16)}  # fmt: skip
-    best = dict.fromkeys(operands, float("inf"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for _ in range(2):  # warm-up: the first bf16 product also builds oneDNN's kernel for the shape
-            for a, b in operands.values():
-                a @ b
-        for round_ in range(PRECISION_ROUNDS):
-            for dtype, (a, b) in operands.items():
-                start = time.perf_counter()
-                a @ b
-                best[dtype] = min(best[dtype], time.perf_counter() - start)
-            if round_ == 0 and best[torch.bfloat16] > 10 * best[torch.float32]:
-                break
-    finally:
-        torch.set_num_threads(threads)
-    return best[torch.float32] / best[torch.bfloat16]
 
 
 def choose_bf16(device: torch.device, cpu_float32: str | None = None) -> tuple[bool, str]:
     """The default precision on `device`, and the line that says why.
 
     On CUDA, bf16 where the GPU supports it; on other accelerators float32; on a CPU, bf16 where its matrix
-    multiplications run at least `BF16_MARGIN` times faster than float32's (`bf16_speedup`), else float32.
+    multiplications run at least `BF16_MARGIN` times faster than float32's (`machine.bf16_speedup`), else float32.
     `cpu_float32`: a measured reason to train in float32 on a CPU whatever its matmuls would measure (post-training:
     `POSTTRAINING_FLOAT32`): nothing is timed, and the line gives that reason.
     """
@@ -62,13 +26,13 @@ def choose_bf16(device: torch.device, cpu_float32: str | None = None) -> tuple[b
         return supported, f"precision: {'bf16' if supported else 'float32'} (bf16 supported by this GPU: {supported})"
     if cpu_float32 and device.type == "cpu":  # the answer is fixed: nothing to time
         return False, f"precision: float32 on a CPU ({cpu_float32}; --bf16 True decides instead)"
-    speedup = bf16_speedup(device)
-    if speedup is None:
+    if device.type != "cpu":
         return False, f"precision: float32 (the default on {device.type})"
+    speedup = machine.bf16_speedup()
     bf16 = speedup >= BF16_MARGIN
     return bf16, (
-        f"precision: {'bf16' if bf16 else 'float32'} (bf16 matmuls {speedup:.2g}x float32's on this CPU; bf16 from "
-        f"{BF16_MARGIN}x; --bf16 True/False decides instead)"
+        f"precision: {'bf16' if bf16 else 'float32'} (bf16 matmuls {speedup:.2g}x float32's on this CPU, timed once, "
+        f"cached in {machine.cache_path()}; bf16 from {BF16_MARGIN}x; --bf16 True/False decides instead)"
     )
 
 

@@ -1,9 +1,9 @@
 """Training throughput and model FLOP utilisation (MFU), measured inside the run.
 
-MFU = achieved model FLOP/s / peak FLOP/s, with both numbers from the same process on the same machine:
+MFU = achieved model FLOP/s / peak FLOP/s, with both numbers from the same machine:
 the peak is the best rate of a square matrix product in the training's precision (bf16 under `--bf16`, else
-float32; on a CPU, of torch's default kernel or oneDNN's, whichever is faster), grown until the rate stops rising
-(`matmul_peak_flops`), timed just before and just after training, and
+float32; on a CPU, of torch's default kernel or oneDNN's, whichever is faster), grown until the rate stops rising,
+timed once per machine (`minirope.machine.matmul_peak`) and read when training begins, and
 the model FLOPs are counted as in PaLM (Chowdhery et al. 2022, appendix B): per trained token
 
     6 * N  +  12 * L * H * d * T
@@ -19,7 +19,7 @@ import time
 import torch
 from transformers import TrainerCallback
 
-from minirope import MiniRopeConfig, cpu_matmuls
+from minirope import MiniRopeConfig, machine
 
 
 def training_flops_per_token(config: MiniRopeConfig, seq_len: int) -> float:
@@ -31,58 +31,10 @@ def training_flops_per_token(config: MiniRopeConfig, seq_len: int) -> float:
     return 6 * matmul_weights + 12 * config.num_hidden_layers * heads * head_dim * seq_len
 
 
-def matmul_seconds(size: int, device: torch.device, dtype: torch.dtype, repeats: int) -> float:
-    """Seconds of the fastest of `repeats` `(size, size) @ (size, size)` matmuls of `dtype` on `device`; for float32
-    on a CPU, the faster of torch's default kernel and oneDNN's (the training matmuls of `--measured_matmuls`)."""
-    generator = torch.Generator(device=device).manual_seed(0)  # the run's own random state is left as it was
-    a = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
-    b = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
-    synchronize = torch.accelerator.synchronize if device.type != "cpu" else lambda: None  # CPU matmuls are done
-    matmuls = [torch.matmul]
-    if device.type == "cpu" and dtype == torch.float32 and cpu_matmuls.available():
-        matmuls.append(lambda a, b: cpu_matmuls.onednn_linear(a, b.T))
-    best = float("inf")
-    for product in matmuls:
-        for _ in range(repeats + 1):  # the first one warms up
-            synchronize()
-            start = time.perf_counter()
-            product(a, b)
-            synchronize()
-            best = min(best, time.perf_counter() - start)
-    return best
-
-
-def matmul_peak_flops(
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
-    repeats: int = 5,
-    sizes: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384),
-    long_enough: float = 0.1,
-) -> tuple[float, int]:
-    """The device's matmul rate, measured at a size that fills it: FLOP/s and the `size` it was reached at.
-
-    Square matmuls of growing `sizes` until the rate stops rising (by less than 5 % from one size to the
-    next) or one product takes `long_enough` seconds: a small product does not fill a large device (on an
-    H200, 2048 x 2048 bf16 ran at 440 TFLOP/s, 8192 x 8192 at 775), while on a 2-core CPU 2048 x 2048 already
-    takes 0.25 s. Returns the best rate seen and its size.
-    """
-    device = torch.device(device)
-    best, best_size = 0.0, sizes[0]
-    for size in sizes:
-        seconds = matmul_seconds(size, device, dtype, repeats)
-        rate = 2 * size**3 / seconds
-        rising = rate > 1.05 * best
-        if rate > best:
-            best, best_size = rate, size
-        if not rising or seconds >= long_enough:
-            break
-    return best, best_size
-
-
 class ThroughputCallback(TrainerCallback):
-    """Times every optimizer step (forward, backward, update; not evaluation or checkpointing), and measures
-    the matmul peak on the training device, in the training's precision, before and after training (the
-    better of the two counts: a busy moment on a shared host only lowers a measurement).
+    """Times every optimizer step (forward, backward, update; not evaluation or checkpointing), and takes the
+    matmul peak of the training device in the training's precision when training begins (`machine.matmul_peak`:
+    timed on the machine's first run, read from its cache after).
 
     Args:
         tokens_per_step: tokens one process trains on per optimizer step (batch x block x accumulation).
@@ -118,14 +70,9 @@ class ThroughputCallback(TrainerCallback):
 
     def measure_peak(self, args) -> None:
         self.peak_dtype = torch.bfloat16 if args.bf16 else torch.float32
-        flops, size = matmul_peak_flops(args.device, self.peak_dtype)
-        if flops > self.peak_flops:
-            self.peak_flops, self.peak_size = flops, size
+        self.peak_flops, self.peak_size = machine.matmul_peak(args.device, self.peak_dtype)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.measure_peak(args)
-
-    def on_train_end(self, args, state, control, **kwargs):
         self.measure_peak(args)
 
     def on_step_begin(self, args, state, control, **kwargs):
