@@ -35,8 +35,14 @@ from minirope.posttraining.corpus import interpolate_weights  # noqa: E402
 from minirope.posttraining.measures import TaskMeasure  # noqa: E402
 from minirope.posttraining.parsing import parse_args  # noqa: E402
 from minirope.posttraining.reward_calls import own_pairs  # noqa: E402
-from minirope.posttraining.rollouts import lora_base_weights, lora_layers, mergeable, merged_adapter  # noqa: E402
-from minirope.posttraining.sampling import SAMPLING, sample  # noqa: E402
+from minirope.posttraining.sampling import (  # noqa: E402
+    SAMPLING,
+    lora_base_weights,
+    lora_layers,
+    mergeable,
+    merged_adapter,
+    sample,
+)
 from minirope.posttraining.setup import prepare  # noqa: E402
 from minirope.posttraining.tasks.verse import training_prompts, validation_headers  # noqa: E402
 from minirope.training.heap import malloc_trim  # noqa: E402

@@ -37,8 +37,7 @@ def run(argv: list[str] | None = None) -> dict:
         ValueError, OSError: bad flags, model or teacher folder, rewards or data; nothing is written.
     """
     from minirope.posttraining.parsing import parse_args
-    from minirope.posttraining.report import settings
-    from minirope.posttraining.time_split import TimeSplit
+    from minirope.posttraining.report import TimeSplit, settings
 
     split = TimeSplit()
     args, config, model_args = parse_args(argv)

@@ -1,7 +1,8 @@
 """Post-training: TRL's trainers (GRPO, DPO, distillation) on a minirope model, for the user's task.
 
 `minirope-posttrain` (`minirope.commands.posttrain`) parses the flags and runs the method's script, each read top to
-bottom as TRL's `trl/scripts/*.py` are: `grpo`, `dpo`, `distill`. The pieces they share have a module each:
+bottom as TRL's `trl/scripts/*.py` are: `grpo`, `dpo` (with its own pairs from the model's samples when the data
+has none), `distill`. The pieces they share have a module each:
 
     arguments   the command's flags in TRL's script shape: `PosttrainArguments` (TRL's `ScriptArguments` and the
                 task: the method, rewards, corpus term, measures; each script extends it), and the method recipes
@@ -20,7 +21,6 @@ bottom as TRL's `trl/scripts/*.py` are: `grpo`, `dpo`, `distill`. The pieces the
                 the rewards' sum
     corpus      the language-modelling term's text (ptx), handed to the trainers, and the interpolation of the
                 tuned weights with the starting ones (WiSE-FT)
-    pairs       dpo without preference data: pairs from the model's own samples, written for the user
     warm_start  supervised fine-tuning (TRL's SFTTrainer) on demonstrations of the task before the method, with
                 the corpus term, or by itself on the rows' answers when the samples all score alike; the
                 warm-started model the method's reference
@@ -29,13 +29,12 @@ bottom as TRL's `trl/scripts/*.py` are: `grpo`, `dpo`, `distill`. The pieces the
     measures    what a run bought and cost, before and after: each reward on the held-out prompts (greedy and
                 sampled), the share of distinct completions, bits per byte on the validation text
     sampling    the model's completions of held-out prompts, each prompt read once for its samples, sampled on
-                the main process and shared
-    rollouts    a LoRA model samples on its merged adapter (GRPO's rollouts, the measures): the base model's cost
+                the main process and shared; a LoRA model samples on its merged adapter (GRPO's rollouts, the
+                measures): the base model's cost
     keep_best   never silently worse: the held-out score every --eval_steps, the best weights kept, one line
                 saying what was gained
-    report      the folder a run leaves (model or adapter, card, run summary: `write_run`) and its before -> after
-                line
-    time_split  how a run's time went: loading, measures, warm start, method, writing
+    report      the folder a run leaves (model or adapter, card, run summary: `write_run`), its before -> after
+                line, and how its time went (`TimeSplit`: loading, measures, warm start, method, writing)
     tasks       `Task`, what a run receives: rows, held-out prompts, rewards, demonstrations, its own measures; a
                 bundled task is a package of it with one recipe of defaults per method (`--task NAME`, or the
                 default task when no data is given), and nothing outside its package knows what is in it

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from minirope.output.folder import begin_writing
 from minirope.posttraining.arguments import PosttrainArguments
 from minirope.posttraining.configs import PosttrainDistillationConfig, PosttrainModelConfig
+from minirope.posttraining.report import TimeSplit
 from minirope.posttraining.setup import attach, finish, start, trainer_inputs
-from minirope.posttraining.time_split import TimeSplit
 from minirope.posttraining.trainers import MiniRopeDistillationTrainer
 
 

@@ -12,9 +12,9 @@ from minirope.output.folder import begin_writing
 from minirope.posttraining.arguments import PosttrainArguments
 from minirope.posttraining.configs import PosttrainGRPOConfig, PosttrainModelConfig
 from minirope.posttraining.measures import SIGNAL_SAMPLES
+from minirope.posttraining.report import TimeSplit
 from minirope.posttraining.reward_calls import reward_name
 from minirope.posttraining.setup import attach, finish, start, trainer_inputs
-from minirope.posttraining.time_split import TimeSplit
 from minirope.posttraining.trainers import MiniRopeGRPOTrainer
 
 CUT_SHARE = 0.25  # of the held-out samples cut at the token limit: from here `check_cut` warns of a gameable reward

@@ -14,12 +14,11 @@ from minirope.posttraining.corpus import add_corpus, check_corpus_term, corpus_o
 from minirope.posttraining.data import check_chat_template, data_task
 from minirope.posttraining.keep_best import KeepBest, Selection, held_out_score, weighted_sum
 from minirope.posttraining.measures import measure_task
-from minirope.posttraining.report import write_run
+from minirope.posttraining.report import TimeSplit, write_run
 from minirope.posttraining.reward_calls import check_rewards, resolve_reward
 from minirope.posttraining.sampling import SAMPLING, sample
 from minirope.posttraining.sizing import RECIPE, after_warm_start
 from minirope.posttraining.tasks import Task, load_task
-from minirope.posttraining.time_split import TimeSplit
 from minirope.posttraining.warm_start import (
     answer_warm_start,
     demonstrations,

@@ -8,7 +8,7 @@
   scale theirs inside `compute_loss`, DPO leaves it to the Trainer). `tests/test_posttrain.py` checks that
   accumulation 1 and 2 give the same update. The blocks come shuffled, from a data loader prepared by the trainer's
   accelerator (each process its share); `lm_loss` is logged with TRL's metrics (`_metrics`, TRL's own store).
-- `MergedRollouts`: a LoRA model's completions sampled on its merged adapter (`rollouts.merged_adapter`). TRL has
+- `MergedRollouts`: a LoRA model's completions sampled on its merged adapter (`sampling.merged_adapter`). TRL has
   no public hook around its generation, so this is the one override of a private TRL method,
   `_generate_single_turn`; `tests/test_posttrain.py` fails when a TRL release renames it or stops calling it.
 """
@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from trl import DistillationTrainer, DPOTrainer, GRPOTrainer, SFTTrainer
 
 from minirope.output.folder import OwnFolder
-from minirope.posttraining.rollouts import merged_adapter
+from minirope.posttraining.sampling import merged_adapter
 
 
 class CorpusTerm:
