@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset, DatasetDict
+from datasets import Dataset, DatasetDict, load_from_disk
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -685,22 +685,30 @@ def test_a_run_that_beats_no_measure_keeps_the_starting_weights_and_says_so(tiny
 def test_grpo_with_use_peft_from_a_yaml_config_trains_lora_and_keeps_the_start_when_nothing_was_gained(
     tiny_pretrained, tmp_path, monkeypatch, capsys
 ):
-    """TRL's shape: the flags from a `--config` YAML file (the command line wins), `--use_peft --lora_r 8` trains a
-    LoRA adapter (TRL's `get_peft_config`); with every measure below the start, the adapter's initial weights are put
-    back, so the merged folder holds exactly the starting weights and loads with `AutoModelForCausalLM`."""
+    """TRL's shape: the flags from a `--config` YAML file (the command line wins), its data TRL's dataset mixture
+    (`datasets:`, the first `test_split_size` rows held out), `--use_peft --lora_r 8` trains a LoRA adapter (TRL's
+    `get_peft_config`); with every measure below the start, the adapter's initial weights are put back, so the merged
+    folder holds exactly the starting weights and loads with `AutoModelForCausalLM`."""
     monkeypatch.setattr(setup, "held_out_score", lambda *args: -1.0)
+    flags = user_task(tmp_path, monkeypatch)
+    at = flags.index("--dataset_name")
+    rows = tmp_path / "problems.jsonl"
+    load_from_disk(flags[at + 1])["train"].to_json(rows, lines=True)
     (tmp_path / "run.yaml").write_text(
         f"model_name_or_path: {tiny_pretrained}\noutput_dir: {tmp_path / 'lora'}\nuse_peft: true\nlora_r: 8\n"
         "lora_target_modules: [q_proj, v_proj]\nmax_steps: 5\neval_steps: 1\n"
+        f"datasets:\n  - path: json\n    data_files: {rows}\ntest_split_size: 3\n"
     )
-    run_summary = posttrain.run(["--config", str(tmp_path / "run.yaml"), *user_task(tmp_path, monkeypatch)])
+    run_summary = posttrain.run(["--config", str(tmp_path / "run.yaml"), *flags[:at], *flags[at + 2 :]])
     out = tmp_path / "lora"
+    printed = capsys.readouterr().out
+    assert run_summary["data"] == "json (problems.jsonl)"  # the mixture's entry, as the card names the data
     assert run_summary["training"] == "LoRA r=8, alpha 32 (merged)" and run_summary["steps"] == 2  # --max_steps 2
     assert [entry["step"] for entry in run_summary["kept"]["measured"]] == [0, 1, 2]
     start, written = load_file(tiny_pretrained / "model.safetensors"), load_file(out / "model.safetensors")
     assert written.keys() == start.keys() and all(torch.equal(written[name], start[name]) for name in start)
     assert not (out / "adapter_config.json").exists() and "- lora" in (out / "README.md").read_text()
-    assert "nothing gained" in capsys.readouterr().out.strip().splitlines()[-1]
+    assert "nothing gained" in printed.strip().splitlines()[-1]
     loads_and_generates(out)
 
 

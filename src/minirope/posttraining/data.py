@@ -67,6 +67,16 @@ def data_task(args: PosttrainArguments) -> Task:
     return Task(USER_DATA, source, held_out, train=prompts, rows=train)
 
 
+def mixture_entry(dataset) -> str:
+    """A `--datasets` entry (TRL's `DatasetConfig`) in words: its path, configuration name and data files'
+    names (`json (problems.jsonl)`)."""
+    files = dataset.data_files or []
+    files = [files] if isinstance(files, str) else list(files.values()) if isinstance(files, dict) else files
+    details = [dataset.name] if dataset.name else []
+    details += [Path(str(file)).name for file in files]
+    return f"{dataset.path} ({', '.join(details)})" if details else dataset.path
+
+
 def load_splits(args: PosttrainArguments) -> tuple[dict[str, Dataset], str]:
     """`({"train": rows[, "test": rows]}, name)` from `--dataset_name` and its splits, or from the files.
 
@@ -75,7 +85,7 @@ def load_splits(args: PosttrainArguments) -> tuple[dict[str, Dataset], str]:
     """
     if args.datasets:  # TRL's mixture, with the held-out rows minirope's (`data_task`)
         mixture = get_dataset(DatasetMixtureConfig(datasets=args.datasets))
-        return {"train": mixture["train"]}, ", ".join(dataset.path for dataset in args.datasets)
+        return {"train": mixture["train"]}, ", ".join(map(mixture_entry, args.datasets))
     if args.train_file:
         files = {"train": expand_files(args.train_file, flag="--train_file")}
         if args.validation_file:
