@@ -364,8 +364,8 @@ def speed_lines(summary: dict, speed: dict, flops_per_token: float, tokens: int)
             f"training speed (per process, median step after warm-up): {speed['step_seconds']:.3f} s/step, "
             f"{speed['tokens_per_second']:,.0f} tokens/s, {speed['model_tflops'] * 1e3:.0f} model GFLOP/s = MFU "
             f"{speed['mfu']:.1%} of the {speed['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s {speed['matmul_peak_dtype']} "
-            f"matmul peak measured on this machine ({speed['matmul_peak_size']}-square matmuls, the size where the "
-            f"rate stopped rising; timed once, cached in {machine.cache_path()})"
+            f"matmul peak of this machine ({speed['matmul_peak_size']}-square matmuls, the size where the rate "
+            f"stopped rising; the best timing of its runs, kept in {machine.cache_path()})"
         )
     lines.append(
         f"training compute: {summary['train_model_flops'] / 1e12:.3g} model TFLOPs ({tokens:,} tokens x "

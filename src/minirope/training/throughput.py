@@ -3,7 +3,7 @@
 MFU = achieved model FLOP/s / peak FLOP/s, with both numbers from the same machine:
 the peak is the best rate of a square matrix product in the training's precision (bf16 under `--bf16`, else
 float32; on a CPU, of torch's default kernel or oneDNN's, whichever is faster), grown until the rate stops rising,
-timed once per machine (`minirope.machine.matmul_peak`) and read when training begins, and
+timed after each training run, the best timing of the machine's runs counting (`minirope.machine.matmul_peak`), and
 the model FLOPs are counted as in PaLM (Chowdhery et al. 2022, appendix B): per trained token
 
     6 * N  +  12 * L * H * d * T
@@ -33,9 +33,8 @@ def training_flops_per_token(config: MiniRopeConfig, seq_len: int) -> float:
 
 class ThroughputCallback(TrainerCallback):
     """Times every optimizer step (forward, backward, update; not evaluation or checkpointing), and takes the
-    matmul peak of the training device in the training's precision when training begins (`machine.matmul_peak`:
-    timed on the machine's first run, read from its cache after; timed again when training ends if the run's model
-    FLOP/s beat it, which only a peak timed on a busy host allows).
+    matmul peak of the training device in the training's precision when training ends: the best timing of this
+    machine's runs (`machine.matmul_peak`; a busy moment on a shared host only lowers a timing, so the best counts).
 
     Args:
         tokens_per_step: tokens one process trains on per optimizer step (batch x block x accumulation).
@@ -70,21 +69,12 @@ class ThroughputCallback(TrainerCallback):
         self._between_steps_since: float | None = None  # the last step's end, or the end of an evaluation/save
 
     def measure_peak(self, args) -> None:
+        """The machine's best matmul peak in the training's precision, timed now too (`machine.matmul_peak`)."""
         self.peak_dtype = torch.bfloat16 if args.bf16 else torch.float32
-        self.peak_flops, self.peak_size = machine.matmul_peak(args.device, self.peak_dtype)
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.measure_peak(args)
+        self.peak_flops, self.peak_size = machine.matmul_peak(args.device, self.peak_dtype, again=True)
 
     def on_train_end(self, args, state, control, **kwargs):
-        """A run faster than the cached peak (MFU above 1: that timing ran on a busy host) times the peak again."""
-        achieved = self.achieved_flops()
-        if achieved is None or achieved <= self.peak_flops:
-            return
-        cached = self.peak_flops
-        self.peak_flops, self.peak_size = machine.matmul_peak(args.device, self.peak_dtype, at_least=achieved)
-        print(f"[minirope] this run's {achieved / 1e9:,.0f} model GFLOP/s beat the cached matmul peak "
-              f"({cached / 1e9:,.0f} GFLOP/s): timed again, {self.peak_flops / 1e9:,.0f} GFLOP/s")  # fmt: skip
+        self.measure_peak(args)
 
     def achieved_flops(self) -> float | None:
         """Model FLOP/s of the median step after warm-up; None before any such step."""
