@@ -247,7 +247,7 @@ def test_the_machine_is_measured_once_and_its_figures_kept_per_machine(cache, mo
 
 
 def test_the_peak_is_the_best_timing_of_the_machines_runs_and_the_line_names_the_cache(cache, monkeypatch):
-    """A training run times the peak when it ends and keeps the better of that and the cached one (a busy host only
+    """A training run times the peak when it begins and keeps the better of that and the cached one (a busy host only
     lowers a timing: a low first timing does not stay); the precision line says where the timings are kept."""
     from minirope.training.precision import choose_bf16
     from minirope.training.throughput import ThroughputCallback
@@ -258,7 +258,7 @@ def test_the_peak_is_the_best_timing_of_the_machines_runs_and_the_line_names_the
     for best in ((1e9, 256), (4e9, 512), (4e9, 512)):
         callback = ThroughputCallback(tokens_per_step=2, flops_per_token=1e9, warmup_steps=0)
         callback.step_seconds = [1.0] * 3  # 2 model GFLOP/s
-        callback.on_train_end(args, None, None)
+        callback.on_train_begin(args, None, None)
         assert (callback.peak_flops, callback.peak_size) == best
     assert callback.metrics()["mfu"] == 0.5 and machine.matmul_peak("cpu", torch.float32) == (4e9, 512)
     machine.measured("bf16 speedup", lambda: {"speedup": 1.2})

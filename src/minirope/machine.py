@@ -11,7 +11,7 @@ Each figure is timed the first time a process on this machine needs it and kept 
 (the CPU's model, torch's version and its thread count, or the GPU's name and torch's version) in one file,
 `~/.cache/minirope/machine.json` (`MINIROPE_CACHE` moves it), outside any model folder. So every run on a machine
 takes the same precision and kernels, and times nothing that was timed before: delete the file to measure again
-(after a hardware change). The matmul peak alone is timed again at the end of every training run and the best
+(after a hardware change). The matmul peak alone is timed again as every training run begins and the best
 timing kept (`matmul_peak`): a first timing on a busy host would otherwise stay low, and MFU read high, for good.
 Every timing draws its operands from its own generator: a run's random state is the same whether it measured or
 read the cache.

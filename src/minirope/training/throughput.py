@@ -3,7 +3,7 @@
 MFU = achieved model FLOP/s / peak FLOP/s, with both numbers from the same machine:
 the peak is the best rate of a square matrix product in the training's precision (bf16 under `--bf16`, else
 float32; on a CPU, of torch's default kernel or oneDNN's, whichever is faster), grown until the rate stops rising,
-timed after each training run, the best timing of the machine's runs counting (`minirope.machine.matmul_peak`), and
+timed as each training run begins, the best timing of the machine's runs counting (`minirope.machine.matmul_peak`), and
 the model FLOPs are counted as in PaLM (Chowdhery et al. 2022, appendix B): per trained token
 
     6 * N  +  12 * L * H * d * T
@@ -33,8 +33,10 @@ def training_flops_per_token(config: MiniRopeConfig, seq_len: int) -> float:
 
 class ThroughputCallback(TrainerCallback):
     """Times every optimizer step (forward, backward, update; not evaluation or checkpointing), and takes the
-    matmul peak of the training device in the training's precision when training ends: the best timing of this
+    matmul peak of the training device in the training's precision when training begins: the best timing of this
     machine's runs (`machine.matmul_peak`; a busy moment on a shared host only lowers a timing, so the best counts).
+    Not when training ends: on a 2-core Xeon (AMX) the same process then timed 1.39 TFLOP/s bf16, after a
+    compiled run, where a fresh one timed 2.7-2.8.
 
     Args:
         tokens_per_step: tokens one process trains on per optimizer step (batch x block x accumulation).
@@ -73,7 +75,7 @@ class ThroughputCallback(TrainerCallback):
         self.peak_dtype = torch.bfloat16 if args.bf16 else torch.float32
         self.peak_flops, self.peak_size = machine.matmul_peak(args.device, self.peak_dtype, again=True)
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, **kwargs):
         self.measure_peak(args)
 
     def achieved_flops(self) -> float | None:
