@@ -47,6 +47,14 @@ from minirope.posttraining.setup import prepare  # noqa: E402
 from minirope.posttraining.tasks.verse import training_prompts, validation_headers  # noqa: E402
 from minirope.training.heap import malloc_trim  # noqa: E402
 
+# the warm start's SFTConfig flags in recipes/grpo.yaml and dpo.yaml
+WARM_RECIPE = {
+    "lm_coef": 0.5,
+    "per_device_train_batch_size": 8,
+    "learning_rate": 3e-4,
+    "lr_scheduler_type": "cosine",
+    "warmup_steps": 5,
+}
 # A few steps at the tiny model's size: 2 prompts x 2 completions of 8 tokens a step, 2 x 2 samples measured, a
 # warm start of 2 steps.
 TINY_POST = [
@@ -138,11 +146,11 @@ def test_grpo_with_a_warm_start_the_corpus_loss_and_interpolation_writes_a_model
     assert written["recipe"]["values"]["learning_rate"] == 6e-4 and "beta" not in written["recipe"]["values"]
     assert written["settings"]["learning_rate"] == {"value": 6e-4, "source": "recipe"}
     assert written["settings"]["beta"] == {"value": 0.04, "source": "command line"}
-    assert written["settings"]["sft_config"]["value"] == {"lm_coef": 1, "per_device_train_batch_size": 8,
-                                                          "lr_scheduler_type": "constant"}  # fmt: skip
+    assert written["settings"]["sft_config"]["value"] == {**WARM_RECIPE, "lm_coef": 1, "lr_scheduler_type": "constant"}
     assert written["settings"]["sft_config"]["sources"] == {
-        "lm_coef": "command line", "lr_scheduler_type": "command line", "per_device_train_batch_size": "method recipe"
+        **dict.fromkeys(WARM_RECIPE, "method recipe"), "lm_coef": "command line", "lr_scheduler_type": "command line"
     }  # fmt: skip
+    assert written["warm_start"]["learning_rate"] == seen["warm_start"].args.learning_rate == 3e-4  # the recipe's
     assert written["reward_weights"] == [1.0, 1.5] and written["beta"] == 0.04  # its weights; the flag given
     for side in ("before", "after"):
         assert written[side]["lines"] > 0 and 0 <= written[side]["scan_share"] <= 1
@@ -391,22 +399,44 @@ def test_sft_config_merges_key_by_key_and_the_earlier_flags_become_its_keys(tiny
     keys with a note (the command line's own keys win); in a --config file an earlier key is refused."""
     model = ["--method", "dpo", "--model_name_or_path", str(tiny_pretrained), "--dataset_name", "rows"]
     args = parse_args(model)[0]
-    assert args.sft_config == {"lm_coef": 0.5, "per_device_train_batch_size": 8}  # dpo.yaml
+    assert args.sft_config == WARM_RECIPE  # dpo.yaml
     file = tmp_path / "run.yaml"
     file.write_text("sft_config:\n  learning_rate: 0.0001\n  lm_coef: 0.25\n")
     args = parse_args([*model, "--config", str(file), "--sft_config", '{"lm_coef": 0}', "--sft_batch_size", "4",
                        "--sft_learning_rate=2e-4"])[0]  # fmt: skip
-    assert args.sft_config == {"lm_coef": 0, "per_device_train_batch_size": 4, "learning_rate": 2e-4}
+    assert args.sft_config == {**WARM_RECIPE, "lm_coef": 0, "per_device_train_batch_size": 4, "learning_rate": 2e-4}
     assert args.sft_sources == {"lm_coef": "command line", "per_device_train_batch_size": "command line",
-                                "learning_rate": "command line"}  # fmt: skip
+                                "learning_rate": "command line", "lr_scheduler_type": "method recipe",
+                                "warmup_steps": "method recipe"}  # fmt: skip
     assert "--sft_learning_rate is now the learning_rate key of --sft_config" in capsys.readouterr().out
     args = parse_args([*model, "--config", str(file)])[0]
-    assert args.sft_config == {"lm_coef": 0.25, "per_device_train_batch_size": 8, "learning_rate": 1e-4}
+    assert args.sft_config == {**WARM_RECIPE, "lm_coef": 0.25, "learning_rate": 1e-4}
     assert args.sft_sources["learning_rate"] == args.sft_sources["lm_coef"] == "--config"
     assert args.sft_sources["per_device_train_batch_size"] == "method recipe"
     file.write_text("sft_batch_size: 4\n")
     with pytest.raises(ValueError, match="sft_batch_size, which is now the per_device_train_batch_size key"):
         parse_args([*model, "--config", str(file)])
+
+
+def test_the_method_recipes_sections_go_with_their_flag_and_show_in_the_settings(tiny_pretrained, tmp_path):
+    """A method recipe's `with_sft_train_file` (the warm start's steps) and `with_use_peft` (its learning rate) are
+    taken only with their flag, from the command line or a --config file, and named as the method recipe's; a flag
+    given wins."""
+    model = ["--model_name_or_path", str(tiny_pretrained), "--dataset_name", "rows"]
+    args = parse_args(model)[0]
+    assert args.sft_steps is None and args.warm_start_steps == 0 and args.sft_learning_rate == 3e-4
+    args = parse_args([*model, "--sft_train_file", "demos.jsonl", "--use_peft", "True"])[0]
+    assert args.warm_start_steps == 300 and args.method_recipe["sft_steps"] == 300
+    assert args.sft_learning_rate == 1e-3 and args.sft_sources["learning_rate"] == "method recipe"
+    assert args.sft_config["lr_scheduler_type"] == "cosine"  # the recipe's other keys stay
+    file = tmp_path / "run.yaml"
+    file.write_text("sft_train_file: [demos.jsonl]\nsft_config:\n  learning_rate: 0.0002\n")
+    args = parse_args([*model, "--config", str(file), "--use_peft", "True", "--sft_steps", "7"])[0]
+    assert args.warm_start_steps == 7 and args.sft_learning_rate == 2e-4  # the user's, over the sections'
+    assert "with_use_peft" not in args.method_recipe and "with_sft_train_file" not in args.method_recipe
+    args = parse_args(["--method", "distill", *model, "--teacher_model_name_or_path", str(tiny_pretrained),
+                       "--sft_train_file", "demos.jsonl"])[0]  # fmt: skip
+    assert args.warm_start_steps == 0  # distillation takes no warm start: its recipe has no such section
 
 
 def test_corpus_blocks_are_tokenized_once_for_each_context(tiny_pretrained, tmp_path):

@@ -24,7 +24,8 @@ RECIPES = Path(__file__).parent / "recipes"
 @cache
 def method_recipe(method: str) -> dict:
     """minirope's defaults for `method` on the user's data, `recipes/<method>.yaml`: the flags it sets in place of
-    TRL's defaults (the lowest precedence of `parsing.parse_args`), each measured where the file says."""
+    TRL's defaults (the lowest precedence of `parsing.parse_args`), each measured where the file says, and its
+    sections of flags that go with a flag given (`parsing.SECTIONS`)."""
     return read_arguments_file(RECIPES / f"{method}.yaml", "method recipe")
 
 
@@ -36,13 +37,12 @@ class PosttrainArguments(ScriptArguments, DatasetMixtureConfig):
     the run uses (`sizing`; {} for a model of minirope's demo sizes).
 
     What the method does with a task is its script's subclass (`grpo.py`, `dpo.py`, `distill.py`): the card's
-    `card_tag`, the `advice` when nothing was gained, `answer_warm_start`, `sft_steps_with_file`, `takes_pairs`,
-    `check_task`, `trainer_line` and `rejected_by_used`."""
+    `card_tag`, the `advice` when nothing was gained, `answer_warm_start`, `takes_pairs`, `check_task`, `trainer_line`
+    and `rejected_by_used`."""
 
     card_tag: ClassVar[str] = ""
     advice: ClassVar[tuple[str, ...]] = ()
     answer_warm_start: ClassVar[bool] = False
-    sft_steps_with_file: ClassVar[int] = 0
     takes_pairs: ClassVar[bool] = False
 
     sized: ClassVar[dict] = {}
@@ -145,7 +145,8 @@ class PosttrainArguments(ScriptArguments, DatasetMixtureConfig):
         default=None,
         metadata={
             "help": "A warm start: steps of TRL's SFTTrainer before the method, on --sft_train_file or a --task's "
-            "demonstrations. Default: 300 with --sft_train_file (grpo, dpo; distill takes none), the --task's, else 0."
+            "demonstrations. Default: with --sft_train_file the method recipe's (grpo, dpo; distill takes none), a "
+            "--task recipe's, else 0."
         },
     )
     sft_train_file: list[str] | None = field(
@@ -160,7 +161,7 @@ class PosttrainArguments(ScriptArguments, DatasetMixtureConfig):
         metadata={
             "help": "The warm start's TRL SFTConfig flags as JSON, as TRL takes --model_init_kwargs (a mapping in a "
             "--config file), e.g. '{\"learning_rate\": 1e-3}', and lm_coef, its corpus term's weight. Each key "
-            "given replaces the recipe's. Default: the method's recipe's; 3e-4 (--use_peft: 1e-3), cosine, 5 warm-up."
+            "given replaces the recipe's. Default: the method recipe's (--print_settings True shows them)."
         },
     )
     weight_interpolation: float = field(
@@ -244,15 +245,19 @@ class PosttrainArguments(ScriptArguments, DatasetMixtureConfig):
 
     @property
     def warm_start_steps(self) -> int:
-        """`--sft_steps` (given or a recipe's), else `sft_steps_with_file` with --sft_train_file, else 0."""
-        if self.sft_steps is not None:
-            return self.sft_steps
-        return self.sft_steps_with_file if self.sft_train_file else 0
+        """`--sft_steps` (given or a recipe's: the method recipe's `with_sft_train_file`, a task's), else 0."""
+        return self.sft_steps or 0
 
     @property
     def sft_batch_size(self) -> int:
         """The warm start's rows a step: `--sft_config`'s `per_device_train_batch_size`, else SFTConfig's default."""
         return self.sft_config.get("per_device_train_batch_size", SFTConfig.per_device_train_batch_size)
+
+    @property
+    def sft_learning_rate(self) -> float:
+        """The warm start's peak learning rate: `--sft_config`'s `learning_rate` (the method recipe's, `with_use_peft`'s
+        under --use_peft), else SFTConfig's default."""
+        return self.sft_config.get("learning_rate", SFTConfig.learning_rate)
 
     @property
     def sft_lm_coef(self) -> float:

@@ -32,7 +32,6 @@ class DPOScriptArguments(PosttrainArguments):
     card_tag = "dpo"
     advice = ("--learning_rate", "--num_train_epochs", "--samples_per_prompt")  # what to change when nothing gained
     answer_warm_start = True
-    sft_steps_with_file = 300
     takes_pairs = True
     num_prompts: int | None = field(
         default=None,

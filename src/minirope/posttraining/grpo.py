@@ -29,7 +29,6 @@ class GRPOScriptArguments(PosttrainArguments):
     card_tag = "grpo"
     advice = ("--learning_rate", "--max_steps", "--num_generations")  # what to change when nothing was gained
     answer_warm_start = True
-    sft_steps_with_file = 300
     require_reward_spread: bool = field(
         default=True,
         metadata={

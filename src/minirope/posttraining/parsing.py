@@ -25,17 +25,19 @@ from minirope.training.heap import moved_trim_flag
 @dataclass
 class Preparsed:
     """What decides the config class (the method), the task and its recipe (`--task`, or none given: the data's, or
-    without data the bundled `default_task`) and the defaults sized from the model (`sizing`)."""
+    without data the bundled `default_task`), the method recipe's sections and the defaults sized from the model
+    (`sizing`)."""
 
     method: str = PosttrainArguments.__dataclass_fields__["method"].default
     task: str | None = None
     dataset_name: str | None = None
     train_file: list[str] | None = None
     datasets: list[str] | None = None  # TRL's dataset mixture (`--datasets`, or its mappings in a --config file)
+    sft_train_file: list[str] | None = None  # takes the method recipe's `with_sft_train_file`
     model_name_or_path: str | None = field(default=None, metadata={"aliases": ["--model"]})
     model_revision: str = field(default="main", metadata={"aliases": ["--revision"]})
     trust_remote_code: bool = False
-    use_peft: bool = False
+    use_peft: bool = False  # takes the method recipe's `with_use_peft`
 
     def sized_defaults(self) -> dict:
         """The flags' defaults for this model (`sizing.sized_defaults`); {} without a model or a config to read
@@ -121,6 +123,17 @@ def layered(*layers: dict) -> dict:
         for name, value in layer.items():
             out[name] = {**out.get(name, {}), **value} if name in MERGED else value
     return out
+
+
+SECTIONS = {"with_use_peft": "use_peft", "with_sft_train_file": "sft_train_file"}  # a method recipe's, by their flag
+
+
+def method_defaults(known: Preparsed) -> dict:
+    """The method recipe's flags (`arguments.method_recipe`), with those of each of its `SECTIONS` whose flag `known`
+    sets over them (`layered`: the warm start's `sft_config` key by key)."""
+    recipe = method_recipe(known.method)
+    sections = [recipe.get(section, {}) for section, flag in SECTIONS.items() if getattr(known, flag)]
+    return layered({name: value for name, value in recipe.items() if name not in SECTIONS}, *sections)
 
 
 TOGETHER = {"reward_funcs": ("reward_weights", "rejected_by")}  # a recipe's values that only go with its own rewards
@@ -216,7 +229,7 @@ def parse_args(argv: list[str] | None = None) -> tuple:
     sized = known.sized_defaults()
     given = given_flags(argv, arguments)
     recipe_values, path = ({}, None) if {"-h", "--help"} & set(argv) else recipe(known, given)
-    own = method_recipe(known.method)
+    own = method_defaults(known)
     defaults = layered(own, recipe_values, sized)
     if json_arguments(argv):
         parsed = HfArgumentParser(types).parse_dict({**defaults, **arguments})

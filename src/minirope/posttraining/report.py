@@ -17,7 +17,6 @@ from minirope.posttraining.measures import METRIC
 from minirope.posttraining.parsing import MERGED
 from minirope.posttraining.reward_calls import reward_name
 from minirope.posttraining.sampling import prompt_text
-from minirope.posttraining.sizing import sft_learning_rate
 from minirope.training.precision import precision_name
 from minirope.training.throughput import training_flops_per_token
 
@@ -141,7 +140,7 @@ def run_summary(trainer, setup, args, before, after, train_metrics: dict, select
         "warm_start": {
             "steps": warm.steps,
             "data": warm.source,
-            "learning_rate": sft_learning_rate(args, setup.model_args.use_peft),
+            "learning_rate": args.sft_learning_rate,
             "lora": setup.model_args.use_peft,
             "batch_size": args.sft_batch_size,
             "sft_config": args.sft_config,

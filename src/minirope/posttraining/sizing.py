@@ -21,7 +21,6 @@ from minirope.training.sizing import CHECKPOINTING, larger
 
 RECIPE = Path(__file__).parent / "recipes" / "released_size.yaml"
 ANSWER_STEPS = {False: 300, True: 32}  # the warm start on the data's answers: at most one epoch, and this many steps
-SFT_LEARNING_RATE = {False: 3e-4, True: 1e-3}  # the warm start's, full weights (docs/studies/verse_history.md) and LoRA
 
 
 def count_parameters(model_name_or_path: str, revision: str = "main", trust_remote_code: bool = False) -> int:
@@ -65,10 +64,3 @@ def after_warm_start(args, config) -> dict:
     for name, value in changes.items():
         setattr(config, name, value)
     return changes
-
-
-def sft_learning_rate(args, use_peft: bool) -> float:
-    """The warm start's peak learning rate: `--sft_config`'s `learning_rate`, or `SFT_LEARNING_RATE` for full weights
-    or LoRA (with LoRA on SmolLM2-135M-Instruct, 1e-3 took two-digit sums answered alone from 0 % to 67 % in 20 steps
-    of 16 rows, and to 94 % in one epoch of 1,900; docs/pretrained.md)."""
-    return args.sft_config.get("learning_rate", SFT_LEARNING_RATE[use_peft])

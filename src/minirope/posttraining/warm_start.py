@@ -15,7 +15,7 @@ least `WARM_START_SHARE` of the held-out prompts all score alike, measured befor
 those answers without being asked: each row's prompt and its answer as TRL's prompt-completion rows (conversational
 where the prompt is), the loss on the answer only, for one epoch of the rows or `sizing.ANSWER_STEPS` steps, whichever
 is fewer. `--sft_steps 0` turns it off. With `--use_peft` the warm start trains a LoRA adapter (the run's `--lora_*`
-flags) at its own learning rate (`sizing.sft_learning_rate`), merged into the weights before the method.
+flags) at its own learning rate (the method recipe's `with_use_peft`), merged into the weights before the method.
 
 The warm-started model is saved to `<output_dir>/_warm_start/` and loaded back from it (with the run's `--dtype` and
 `--attn_implementation`): TRL's GRPO (with a KL term) and DPO load their reference model from the path the model's
@@ -47,7 +47,7 @@ from minirope.output.folder import checkpoint_folders
 from minirope.posttraining.corpus import add_corpus
 from minirope.posttraining.data import read_files
 from minirope.posttraining.measures import RUN_STATE, SIGNAL_SAMPLES, TaskMeasure
-from minirope.posttraining.sizing import ANSWER_STEPS, larger, sft_learning_rate
+from minirope.posttraining.sizing import ANSWER_STEPS, larger
 from minirope.posttraining.trainers import MiniRopeSFTTrainer
 
 SFT_FORMATS = ({"text"}, {"prompt", "completion"}, {"messages"})  # TRL's SFT formats, by their columns
@@ -154,26 +154,22 @@ def answer_warm_start(setup, args, measured) -> WarmStart | None:
 
 
 def warm_start(setup, args, config):
-    """`setup.warm.steps` steps of `SFTTrainer` on `setup.warm.rows` at `sft_learning_rate` (cosine, 5 warm-up steps,
-    the method's precision and seed; `--sft_config` sets any other SFTConfig flag), with the corpus term at
+    """`setup.warm.steps` steps of `SFTTrainer` on `setup.warm.rows` with `--sft_config`'s SFTConfig flags (the method
+    recipe's learning rate and schedule, the method's precision and seed), with the corpus term at
     `setup.corpus.warm_coef`; with `--use_peft` a LoRA adapter, merged. The tuned model, saved to
     `warm_start_folder` (on the main process; another process's to a temporary folder of its own) and loaded back from
     there (`load_warm_started`)."""
     model, tokenizer, warm, model_args = setup.model, setup.tokenizer, setup.warm, setup.model_args
     with tempfile.TemporaryDirectory(prefix="minirope-warm-start-") as scratch:
-        given = {name: value for name, value in args.sft_config.items() if name not in ("lm_coef", "learning_rate")}
+        given = {name: value for name, value in args.sft_config.items() if name != "lm_coef"}
         sft = SFTConfig(
             output_dir=scratch,
             max_steps=warm.steps,
-            learning_rate=sft_learning_rate(args, model_args.use_peft),
             seed=config.seed,
             save_strategy="no",
             report_to="none",
             **{name: getattr(config, name) for name in RUN_STATE},  # the run's precision and device
             **{
-                "lr_scheduler_type": "cosine",
-                "warmup_steps": 5,
-                "weight_decay": 0.0,
                 "max_length": default_block_size(model.config),
                 "packing": "text" in warm.rows.column_names,
                 "packing_strategy": "wrapped",
