@@ -837,6 +837,7 @@ def test_grpo_warm_starts_on_the_rows_answers_when_every_group_scores_alike(tiny
     ])  # fmt: skip
     assert run_summary["warm_start"]["steps"] == 3  # every training row (24, not --num_prompts 8), 10 a step
     assert run_summary["warm_start"]["data"] == "the training rows' prompts and their `solution` column"
+    assert run_summary["stages"]["answer_warm_start"] == {"failing_share": 0.9, "sft_steps": 3}
     assert run_summary["before"]["prompts_with_alike_samples_share"] == 1.0
     printed = capsys.readouterr().out
     assert "first 3 steps of supervised fine-tuning on the training rows' prompts" in printed
@@ -863,8 +864,10 @@ def test_answer_rows_are_trl_prompt_completion_rows():
 def test_the_answer_warm_start_is_taken_by_grpo_and_dpos_own_pairs_only_when_samples_score_alike(tiny_pretrained):
     """GRPO and DPO ranking its own samples warm-start on the training rows' answers when 90 % of the held-out
     prompts' samples (8 or more) score alike; not below that share, with fewer samples, with --sft_steps given, for
-    distillation or for an adapter saved alone."""
+    distillation or for an adapter saved alone. The share and the most steps are the recipes' stage, recorded."""
     from types import SimpleNamespace
+
+    from minirope.posttraining.sizing import answer_stage
 
     model = AutoModelForCausalLM.from_pretrained(tiny_pretrained)
     rows = Dataset.from_list([{"prompt": "Q:", "solution": "A"}] * 5)
@@ -874,14 +877,19 @@ def test_the_answer_warm_start_is_taken_by_grpo_and_dpos_own_pairs_only_when_sam
         data = SimpleNamespace(rows=rows)
         args = SimpleNamespace(method=method, answer_warm_start=method != "distill", sft_steps=sft_steps,
                                sft_batch_size=2)  # fmt: skip
-        run = SimpleNamespace(data=data, model=model, model_args=model_args)
+        run = SimpleNamespace(data=data, model=model, model_args=model_args, stages=stages)
         measured = TaskMeasure(1, 1, {}, {}, 1.0, None, alike_share=share, solved_share=solved,
                                samples_per_prompt=samples)  # fmt: skip
         return warm_start.answer_warm_start(run, args, measured)
 
     for method in ("grpo", "dpo"):
+        stages = {}
         taken = warm(method, 0.9)
         assert taken.steps == 3 and taken.rows["completion"] == [" A"] * 5  # one epoch of 5 rows, 2 a step
+        assert stages == {"answer_warm_start": {"failing_share": 0.9, "sft_steps": 3}}  # the stage, in the summary
+        stage, recipes = answer_stage(method, 135_000_000)  # a released checkpoint: released_size.yaml's steps
+        assert stage == {"failing_share": 0.9, "sft_steps": 32} and recipes.endswith("released_size.yaml")
+        assert answer_stage(method, model.num_parameters())[0] == {"failing_share": 0.9, "sft_steps": 300}
     assert warm("grpo", 0.85) is None and warm("grpo", 1.0, sft_steps=0) is None and warm("distill", 1.0) is None
     assert warm("grpo", 1.0, samples=4) is None  # 4 samples alike: too few to tell
     assert warm("grpo", 1.0, model_args=SimpleNamespace(saves_adapter=True)) is None

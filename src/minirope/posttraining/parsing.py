@@ -16,7 +16,7 @@ from trl import TrlParser
 
 from minirope.posttraining.arguments import METHODS, RECIPES, USER_SOURCES, PosttrainArguments, method_recipe
 from minirope.posttraining.configs import sft_mapping
-from minirope.posttraining.sizing import count_parameters, sized_defaults
+from minirope.posttraining.sizing import STAGE, count_parameters, sized_defaults
 from minirope.posttraining.tasks import bundled, default_task, recipe_path
 from minirope.training.arguments import given_flags, json_arguments, read_arguments_file, take_flags
 from minirope.training.heap import moved_trim_flag
@@ -130,10 +130,10 @@ SECTIONS = {"with_use_peft": "use_peft", "with_sft_train_file": "sft_train_file"
 
 def method_defaults(known: Preparsed) -> dict:
     """The method recipe's flags (`arguments.method_recipe`), with those of each of its `SECTIONS` whose flag `known`
-    sets over them (`layered`: the warm start's `sft_config` key by key)."""
+    sets over them (`layered`: the warm start's `sft_config` key by key); its stage (`sizing.STAGE`) is no flag."""
     recipe = method_recipe(known.method)
     sections = [recipe.get(section, {}) for section, flag in SECTIONS.items() if getattr(known, flag)]
-    return layered({name: value for name, value in recipe.items() if name not in SECTIONS}, *sections)
+    return layered({name: value for name, value in recipe.items() if name not in {*SECTIONS, STAGE}}, *sections)
 
 
 TOGETHER = {"reward_funcs": ("reward_weights", "rejected_by")}  # a recipe's values that only go with its own rewards

@@ -1,12 +1,12 @@
 """Defaults sized from the model: what a run does with no flag but the model, the data and the rewards.
 
-The methods' defaults (`arguments`) were measured on models minirope pretrains in minutes, 0.4M-5M parameters, where
-300 GRPO steps of 64 completions take 3-6 minutes on 2 CPU cores. A released checkpoint is 30-1000 times larger, and
-the same defaults would run for hours: SmolLM2-135M-Instruct takes 13-14 s for a GRPO step of 16 completions on a
-2-core CPU (docs/pretrained.md). Above `RELEASED_SIZE` parameters, the recipe `recipes/released_size.yaml` takes
-their place (fewer, smaller steps; fewer, shorter measures; GRPO's LoRA adapter at its own learning rate, and after a
-warm start at another: the stage `after_warm_start`). A flag given on the command line or in the `--config` file always
-wins, and the run prints the sized values it used.
+The methods' defaults (`arguments`) were measured on models minirope pretrains in minutes, 0.4M-5M parameters, where 300
+GRPO steps of 64 completions take 3-6 minutes on 2 CPU cores. A released checkpoint is 30-1000 times larger, and the
+same defaults would run for hours: SmolLM2-135M-Instruct takes 13-14 s for a GRPO step of 16 completions on a 2-core CPU
+(docs/pretrained.md). Above `RELEASED_SIZE` parameters, the recipe `recipes/released_size.yaml` takes their place
+(fewer, smaller steps; fewer, shorter measures; GRPO's LoRA adapter at its own learning rate, and after a warm start at
+another: the stage `after_warm_start`; a shorter warm start on the data's answers: `answer_stage`). A flag given on the
+command line or in the `--config` file always wins, and the run prints the sized values it used.
 """
 
 from functools import cache
@@ -16,11 +16,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from minirope.folders import ModelArguments, load_config
+from minirope.posttraining.arguments import RECIPES, method_recipe
 from minirope.training.arguments import read_arguments_file
 from minirope.training.sizing import CHECKPOINTING, larger
 
 RECIPE = Path(__file__).parent / "recipes" / "released_size.yaml"
-ANSWER_STEPS = {False: 300, True: 32}  # the warm start on the data's answers: at most one epoch, and this many steps
+STAGE = "answer_warm_start"  # the recipes' stage of the warm start on the data's answers (`answer_stage`)
 
 
 def count_parameters(model_name_or_path: str, revision: str = "main", trust_remote_code: bool = False) -> int:
@@ -54,6 +55,17 @@ def sized_defaults(method: str, parameters: int | None, use_peft: bool = False) 
     recipe = released_size_recipe()
     lora = recipe.get(f"{method}_use_peft", {}) if use_peft else {}
     return {**recipe["every_method"], **recipe.get(method, {}), **lora}
+
+
+def answer_stage(method: str, parameters: int) -> tuple[dict, str]:
+    """The stage `answer_warm_start` of the recipes for `method` and a model of `parameters`: its `failing_share` (at
+    least this share of the held-out prompts' samples all scoring alike below full credit starts it) and `sft_steps`
+    (at most this many steps, at most one epoch): the method recipe's, `RECIPE`'s over them above `RELEASED_SIZE`;
+    with the recipes' paths."""
+    stage, paths = dict(method_recipe(method)[STAGE]), [f"{RECIPES / method}.yaml"]
+    if larger(parameters):
+        stage, paths = {**stage, **released_size_recipe()[STAGE]}, [*paths, str(RECIPE)]
+    return stage, " and ".join(paths)
 
 
 def after_warm_start(args, config) -> dict:

@@ -11,11 +11,12 @@ into blocks of the model's context ("wrapped"), as `minirope-finetune` packs pla
 
 Where the rows of the user's task carry their answers (TRL's `solution` column, or a `completion`) and GRPO (or DPO
 ranking its own samples into pairs) would have little to learn from (`answer_warm_start`: the sampled completions of at
-least `WARM_START_SHARE` of the held-out prompts all score alike, measured before training), the run warm-starts on
+least the recipe's share of the held-out prompts all score alike, measured before training), the run warm-starts on
 those answers without being asked: each row's prompt and its answer as TRL's prompt-completion rows (conversational
-where the prompt is), the loss on the answer only, for one epoch of the rows or `sizing.ANSWER_STEPS` steps, whichever
-is fewer. `--sft_steps 0` turns it off. With `--use_peft` the warm start trains a LoRA adapter (the run's `--lora_*`
-flags) at its own learning rate (the method recipe's `with_use_peft`), merged into the weights before the method.
+where the prompt is), the loss on the answer only, for one epoch of the rows or the recipe's steps, whichever is fewer:
+the stage `answer_warm_start` of the method recipe (`sizing.answer_stage`). `--sft_steps 0` turns it off. With
+`--use_peft` the warm start trains a LoRA adapter (the run's `--lora_*` flags) at its own learning rate (the method
+recipe's `with_use_peft`), merged into the weights before the method.
 
 The warm-started model is saved to `<output_dir>/_warm_start/` and loaded back from it (with the run's `--dtype` and
 `--attn_implementation`): TRL's GRPO (with a KL term) and DPO load their reference model from the path the model's
@@ -47,12 +48,11 @@ from minirope.output.folder import checkpoint_folders
 from minirope.posttraining.corpus import add_corpus
 from minirope.posttraining.data import read_files
 from minirope.posttraining.measures import RUN_STATE, SIGNAL_SAMPLES, TaskMeasure
-from minirope.posttraining.sizing import ANSWER_STEPS, larger
+from minirope.posttraining.sizing import answer_stage
 from minirope.posttraining.trainers import MiniRopeSFTTrainer
 
 SFT_FORMATS = ({"text"}, {"prompt", "completion"}, {"messages"})  # TRL's SFT formats, by their columns
 ANSWER_COLUMNS = ("completion", "solution")  # a row's answer, by preference
-WARM_START_SHARE = 0.9  # at least this share of held-out prompts whose samples all score alike: warm-start first
 WARM_START_FOLDER, WARM_START_FILE = "_warm_start", "warm_start.json"  # in --output_dir: the model, then its measures
 
 
@@ -131,25 +131,26 @@ def answer_source(train: Dataset) -> str:
 def answer_warm_start(setup, args, measured) -> WarmStart | None:
     """The warm start a GRPO run, or DPO on its own samples, takes by itself on the user's data (see the module doc):
     None unless `--sft_steps` is left to its default, the rows carry answers, the run saves merged weights (not
-    `--merge_lora False`) and at least `WARM_START_SHARE` of the held-out prompts' samples (`SIGNAL_SAMPLES` or more
-    each) all scored alike in `measured` (`TaskMeasure.alike_share`): GRPO's groups, and DPO's own pairs, need
-    samples that score apart."""
+    `--merge_lora False`) and at least the stage's `failing_share` of the held-out prompts' samples (`SIGNAL_SAMPLES`
+    or more each) all scored alike below full credit in `measured` (`TaskMeasure.failing_share`): GRPO's groups, and
+    DPO's own pairs, need samples that score apart. The stage's values (`sizing.answer_stage`) go to `setup.stages`."""
     share, prompts = measured.failing_share, setup.data.rows
     if not args.answer_warm_start or prompts is None or args.sft_steps is not None:
         return None
-    if share is None or share < WARM_START_SHARE or (measured.samples_per_prompt or 0) < SIGNAL_SAMPLES:
+    stage, recipes = answer_stage(args.method, setup.model.num_parameters())
+    if share is None or share < stage["failing_share"] or (measured.samples_per_prompt or 0) < SIGNAL_SAMPLES:
         return None
     if setup.model_args.saves_adapter:  # the adapter saved alone is for the model as it was given
         return None
     answers = answer_rows(prompts)
     if answers is None:
         return None
-    big = larger(setup.model.num_parameters())
-    steps = min(math.ceil(len(answers) / args.sft_batch_size), ANSWER_STEPS[big])
+    steps = min(math.ceil(len(answers) / args.sft_batch_size), stage["sft_steps"])
+    setup.stages["answer_warm_start"] = {**stage, "sft_steps": steps}
     print(f"[minirope] {share:.0%} of the held-out prompts' samples all score alike below full credit, which gives "
           f"{args.method} little "
-          f"to learn from: first {steps} steps of supervised fine-tuning on {answer_source(prompts)} (--sft_steps 0 "
-          f"skips it)")  # fmt: skip
+          f"to learn from: first {steps} steps of supervised fine-tuning on {answer_source(prompts)} (one epoch, at "
+          f"most {stage['sft_steps']}: the stage answer_warm_start of {recipes}; --sft_steps 0 skips it)")  # fmt: skip
     return WarmStart(answers, answer_source(prompts), steps)
 
 
