@@ -16,7 +16,7 @@ from trl import TrlParser
 
 from minirope.posttraining.arguments import METHODS, RECIPES, USER_SOURCES, PosttrainArguments, method_recipe
 from minirope.posttraining.configs import sft_mapping
-from minirope.posttraining.sizing import STAGE, count_parameters, sized_defaults
+from minirope.posttraining.sizing import RECIPE, STAGE, count_parameters, sized_defaults
 from minirope.posttraining.tasks import bundled, default_task, recipe_path
 from minirope.training.arguments import given_flags, json_arguments, read_arguments_file, take_flags
 from minirope.training.heap import moved_trim_flag
@@ -61,7 +61,7 @@ def defaults_help(method: str) -> str:
     return (
         f"Defaults: the ones shown are TRL's and, for your data, minirope's recipe {RECIPES / f'{method}.yaml'}. "
         f"A --task's recipe (bundled tasks: {', '.join(bundled())}; with no data: {default_task()}) and, for a "
-        f"model above 20M parameters, {RECIPES / 'released_size.yaml'} take their place where no flag or --config "
+        f"model above 20M parameters, {RECIPE} take their place where no flag or --config "
         "sets them. --print_settings True prints a run's effective settings, each with its source, and exits "
         "reading no weights and writing nothing; a run prints them in its first lines and saves them in "
         "run_summary.json (`settings`)."

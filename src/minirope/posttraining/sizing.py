@@ -10,7 +10,6 @@ command line or in the `--config` file always wins, and the run prints the sized
 """
 
 from functools import cache
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -20,7 +19,7 @@ from minirope.posttraining.arguments import RECIPES, method_recipe
 from minirope.training.arguments import read_arguments_file
 from minirope.training.sizing import CHECKPOINTING, larger
 
-RECIPE = Path(__file__).parent / "recipes" / "released_size.yaml"
+RECIPE = RECIPES / "released_size.yaml"
 STAGE = "answer_warm_start"  # the recipes' stage of the warm start on the data's answers (`answer_stage`)
 
 
