@@ -6,12 +6,16 @@ import json
 import sys
 
 import pytest
+import yaml
 
 from minirope.commands import missing_extra
 
 pytest.importorskip("trl")
 
 from minirope.commands import posttrain  # noqa: E402
+from minirope.posttraining.arguments import EVERY_METHOD  # noqa: E402
+from minirope.posttraining.configs import PosttrainDPOConfig  # noqa: E402
+from minirope.posttraining.dpo import DPOScriptArguments  # noqa: E402
 from minirope.posttraining.parsing import parse_args  # noqa: E402
 from minirope.posttraining.report import settings  # noqa: E402
 from minirope.posttraining.setup import prepare  # noqa: E402
@@ -61,12 +65,15 @@ def test_a_task_of_the_users_by_import_path_brings_its_rows_rewards_and_recipe(
     assert f"task my_tasks.sums: defaults from its recipe {package / 'grpo.yaml'}" in printed
     assert "--learning_rate 0.0003" in printed and "task: sums, twelve sums" in printed
     (tmp_path / "run.yaml").write_text("temperature: 0.7\n")
-    found = settings(*parse_args([*argv, "--config", str(tmp_path / "run.yaml"), "--model_revision", "v2"]))
+    found = settings(*parse_args([*argv, "--config", str(tmp_path / "run.yaml"), "--model_revision", "v2",
+                                  "--hub_token", "hf_canary", "--eval_max_new_tokens", "8"]))  # fmt: skip
     assert found["learning_rate"] == {"value": 3e-4, "source": "recipe"}  # TRL's default: 1e-6
     assert found["max_steps"]["source"] == found["model_revision"]["source"] == "command line"
     assert found["temperature"] == {"value": 0.7, "source": "--config"}
     assert found["bf16"] == {"value": False, "source": "minirope"}  # float32 on a CPU; TRL's default bf16
-    assert "beta" not in found and not [name for name in found if "token" in name]  # TRL's default, kept
+    assert "beta" not in found  # TRL's default, kept
+    assert "hf_canary" not in json.dumps(found)  # a secret: never in the summary, where a count of tokens is
+    assert found["eval_max_new_tokens"] == {"value": 8, "source": "command line"}
     # the user's data: no recipe, the method's own defaults
     args, config, _ = parse_args(["--model_name_or_path", str(tiny_pretrained), "--train_file", "rows.jsonl"])
     assert (args.task, args.recipe, config.learning_rate, config.max_steps) == (None, {}, 1e-4, 300)
@@ -116,6 +123,17 @@ def test_print_settings_names_each_values_source_and_runs_nothing(tiny_pretraine
     assert found["learning_rate"] == {"value": 1e-4, "source": "method recipe"}  # recipes/grpo.yaml, not TRL's 1e-6
     assert found["num_generations"] == {"value": 16, "source": "method recipe"}
     assert printed["task"] is None and printed["recipe"] is None  # the user's data: no task recipe
+    # the measures' defaults, every method's: from recipes/every_method.yaml, their one home (no default in code)
+    every = yaml.safe_load(EVERY_METHOD.read_text())
+    assert {"eval_max_new_tokens", "eval_sampled_prompts", "num_generations_eval", "test_split_size"} <= set(every)
+    assert {name: found[name] for name in every} == {
+        name: {"value": value, "source": "method recipe"} for name, value in every.items()
+    }
+    fields = {**DPOScriptArguments.__dataclass_fields__, **PosttrainDPOConfig.__dataclass_fields__}
+    assert {name: fields[name].default for name in every} == dict.fromkeys(every)
+    args, config, _ = parse_args(["dpo", "--model", "./m", "--train_file", "pairs.jsonl", "--eval_max_new_tokens", "8"])
+    taken = {**vars(config), **vars(args)}
+    assert {name: taken[name] for name in every} == {**every, "eval_max_new_tokens": 8}
 
 
 def test_the_default_task_is_the_one_bundled_task_that_declares_itself(monkeypatch):

@@ -6,7 +6,8 @@ has none), `distill`. The pieces they share have a module each:
 
     arguments   the command's flags in TRL's script shape: `PosttrainArguments` (TRL's `ScriptArguments` and the
                 task: the method, rewards, corpus term, measures; each script extends it), and the method recipes
-                `recipes/<method>.yaml`, the measured defaults for your data (`method_recipe`)
+                `recipes/<method>.yaml` over `recipes/every_method.yaml`, the measured defaults for your data
+                (`method_recipe`)
     configs     each method's TRL config with the defaults a CPU run needs, `PosttrainModelConfig` (TRL's
                 `ModelConfig`: dtype, attention, LoRA)
     setup       the steps every script takes: a run's parts checked before any work (`prepare`), the measures

@@ -2,7 +2,8 @@
 `trl/scripts/grpo.py` parses them: `PosttrainArguments` extends TRL's `ScriptArguments` (the data) with the task's
 flags (the method, the rewards, the corpus term, the measures), and each method's script extends it as
 `GRPOScriptArguments` does; the TRL configs and the model's flags are `configs`'. The measured defaults are not in
-code but in each method's recipe, `recipes/<method>.yaml` (`method_recipe`). `parsing.parse_args` reads them.
+code but in each method's recipe, `recipes/<method>.yaml`, over the one every method takes, `recipes/every_method.yaml`
+(`method_recipe`). `parsing.parse_args` reads them.
 """
 
 from dataclasses import dataclass, field
@@ -19,14 +20,17 @@ from minirope.training.arguments import read_arguments_file
 METHODS = ("grpo", "dpo", "distill")
 USER_SOURCES = ("command line", "--config")  # where the user set a value; the other sources are recipes
 RECIPES = Path(__file__).parent / "recipes"
+EVERY_METHOD = RECIPES / "every_method.yaml"  # beneath each method's recipe
 
 
 @cache
 def method_recipe(method: str) -> dict:
-    """minirope's defaults for `method` on the user's data, `recipes/<method>.yaml`: the flags it sets in place of
-    TRL's defaults (the lowest precedence of `parsing.parse_args`), each measured where the file says, and its
-    sections of flags that go with a flag given (`parsing.SECTIONS`)."""
-    return read_arguments_file(RECIPES / f"{method}.yaml", "method recipe")
+    """minirope's defaults for `method` on the user's data: `recipes/<method>.yaml` over `EVERY_METHOD` (the held-out
+    measures and the corpus term's batch), the flags they set in place of TRL's defaults (the lowest precedence of
+    `parsing.parse_args`), each measured where the file says, and the method's sections of flags that go with a flag
+    given (`parsing.SECTIONS`)."""
+    shared = read_arguments_file(EVERY_METHOD, "method recipe")
+    return {**shared, **read_arguments_file(RECIPES / f"{method}.yaml", "method recipe")}
 
 
 @dataclass
@@ -95,10 +99,11 @@ class PosttrainArguments(ScriptArguments, DatasetMixtureConfig):
         },
     )
     test_split_size: float | None = field(
-        default=0.05,
+        default=None,
         metadata={
             "help": "Without a test split or --validation_file: the rows held out for the measures (the first ones, "
-            "never trained on), a share up to 0.5 or a number of rows, as TRL's dataset mixture takes it."
+            "never trained on), a share up to 0.5 or a number of rows, as TRL's dataset mixture takes it. Default: "
+            "recipes/every_method.yaml's."
         },
     )
     reward_funcs: list[str] | None = field(
@@ -140,7 +145,10 @@ class PosttrainArguments(ScriptArguments, DatasetMixtureConfig):
             "validation plays when the corpus term is the bundled plays)."
         },
     )
-    lm_batch_size: int = field(default=4, metadata={"help": "Corpus blocks per micro-batch for the corpus term."})
+    lm_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Corpus blocks per micro-batch for the corpus term. Default: recipes/every_method.yaml's."},
+    )
     sft_steps: int | None = field(
         default=None,
         metadata={
@@ -193,14 +201,18 @@ class PosttrainArguments(ScriptArguments, DatasetMixtureConfig):
         metadata={"help": "Held-out prompts measured before and after: default all (a --task recipe sets its own)."},
     )
     eval_sampled_prompts: int | None = field(
-        default=64,
+        default=None,
         metadata={
             "help": "Held-out prompts (the first of them) sampled --num_generations_eval times, for the sampled "
             "rewards, the share of distinct completions and GRPO's signal check; the greedy measures take every "
-            "held-out prompt. A number at least the held-out prompts' samples them all."
+            "held-out prompt. A number at least the held-out prompts' samples them all. Default: "
+            "recipes/every_method.yaml's."
         },
     )
-    eval_max_new_tokens: int = field(default=64, metadata={"help": "Tokens sampled for each measured completion."})
+    eval_max_new_tokens: int | None = field(
+        default=None,
+        metadata={"help": "Tokens sampled for each measured completion. Default: recipes/every_method.yaml's."},
+    )
     print_settings: bool = field(
         default=False,
         metadata={

@@ -124,20 +124,21 @@ class CpuDefaults(TokenNotSaved):
         gradient_checkpointing: bool = retuned(GRPOConfig, "gradient_checkpointing", False)
     hub_strategy: str = retuned(GRPOConfig, "hub_strategy", "end")
     eval_steps: float | None = field(
-        default=0.2,
+        default=None,
         metadata={
             "help": "How often the held-out score (the rewards' weighted sum, greedy, on the held-out prompts) is "
-            "measured during training: every this many steps, or below 1 this share of the run (default 0.2: five "
-            "times, and at the start); the best-scoring weights are kept (see --keep_last)."
+            "measured during training: every this many steps, or below 1 this share of the run (the recipe's 0.2: "
+            "five times, and at the start); the best-scoring weights are kept (see --keep_last). Default: "
+            "recipes/every_method.yaml's."
         },
     )
 
     num_generations_eval: int | None = field(
-        default=16,
+        default=None,
         metadata={
             "help": "Samples of each sampled held-out prompt in the measures before and after the run (TRL's name "
             "for GRPO's samples of an evaluation prompt; see --eval_sampled_prompts; --eval_samples_per_prompt is "
-            "taken as this flag)."
+            "taken as this flag). Default: recipes/every_method.yaml's."
         },
     )
 

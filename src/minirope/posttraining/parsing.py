@@ -14,7 +14,14 @@ from pathlib import Path
 from transformers import HfArgumentParser
 from trl import TrlParser
 
-from minirope.posttraining.arguments import METHODS, RECIPES, USER_SOURCES, PosttrainArguments, method_recipe
+from minirope.posttraining.arguments import (
+    EVERY_METHOD,
+    METHODS,
+    RECIPES,
+    USER_SOURCES,
+    PosttrainArguments,
+    method_recipe,
+)
 from minirope.posttraining.configs import sft_mapping
 from minirope.posttraining.sizing import RECIPE, STAGE, count_parameters, sized_defaults
 from minirope.posttraining.tasks import bundled, default_task, recipe_path
@@ -59,7 +66,8 @@ class Preparsed:
 def defaults_help(method: str) -> str:
     """The end of `--help`: where the defaults shown come from, the bundled tasks, and how to print a run's own."""
     return (
-        f"Defaults: the ones shown are TRL's and, for your data, minirope's recipe {RECIPES / f'{method}.yaml'}. "
+        f"Defaults: the ones shown are TRL's and, for your data, minirope's recipe {RECIPES / f'{method}.yaml'} "
+        f"over {EVERY_METHOD.name} beside it. "
         f"A --task's recipe (bundled tasks: {', '.join(bundled())}; with no data: {default_task()}) and, for a "
         f"model above 20M parameters, {RECIPE} take their place where no flag or --config "
         "sets them. --print_settings True prints a run's effective settings, each with its source, and exits "

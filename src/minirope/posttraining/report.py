@@ -197,7 +197,8 @@ def settings(args, config, model_args) -> dict[str, dict]:
     """Every flag of the run whose value differs from TRL's default for it, or that TRL's scripts lack and the run sets,
     with its value and where it came from: `command line`, `--config`, `recipe` (the task's), `sized` (for a
     released-size model), `method recipe` (`arguments.method_recipe`), `minirope` (a default of minirope's configs:
-    `arguments`) or `TRL, from the others` (a value TRL's own config derives). Tokens are left out."""
+    `arguments`) or `TRL, from the others` (a value TRL's own config derives). Secrets (`--hub_token`, any flag whose
+    name ends in `token`) are left out; counts of tokens (`--eval_max_new_tokens`) are not."""
     found = {}
     for parsed in (args, config, model_args):
         kind, base = type(parsed), trl_base(type(parsed))
@@ -210,7 +211,7 @@ def settings(args, config, model_args) -> dict[str, dict]:
         given = {aliases.get(name, name) for name in args.given}
         for item in fields(parsed):
             value, default = getattr(parsed, item.name), trl_default(base, item.name)
-            skip = "token" in item.name or item.name in MERGED  # secrets; mappings, by key below
+            skip = item.name.split("_")[-1] == "token" or item.name in MERGED  # secrets; mappings, by key below
             if skip or value == default or (default is MISSING and value is None):
                 continue
             command_line, config_file = USER_SOURCES
