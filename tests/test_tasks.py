@@ -134,6 +134,12 @@ def test_print_settings_names_each_values_source_and_runs_nothing(tiny_pretraine
     args, config, _ = parse_args(["dpo", "--model", "./m", "--train_file", "pairs.jsonl", "--eval_max_new_tokens", "8"])
     taken = {**vars(config), **vars(args)}
     assert {name: taken[name] for name in every} == {**every, "eval_max_new_tokens": 8}
+    # DPO's own pairs: recipes/dpo.yaml's, likewise
+    own = {name: yaml.safe_load((EVERY_METHOD.parent / "dpo.yaml").read_text())[name]
+           for name in ("samples_per_prompt", "min_reward_margin", "rejected_by")}  # fmt: skip
+    assert {name: taken[name] for name in own} == own == {"samples_per_prompt": 8, "min_reward_margin": 0.5,
+                                                          "rejected_by": "sum"}  # fmt: skip
+    assert {name: fields[name].default for name in own} == dict.fromkeys(own)
 
 
 def test_the_default_task_is_the_one_bundled_task_that_declares_itself(monkeypatch):

@@ -40,29 +40,32 @@ class DPOScriptArguments(PosttrainArguments):
             f"the first {OWN_PAIR_PROMPTS} prompts; a bundled task's recipe sets its own."
         },
     )
-    samples_per_prompt: int = field(default=8, metadata={"help": "Own pairs: samples of each prompt ranked into one."})
-    min_reward_margin: float = field(
-        default=0.5,
+    samples_per_prompt: int | None = field(
+        default=None,
+        metadata={"help": "Own pairs: samples of each prompt ranked into one. Default: recipes/dpo.yaml's."},
+    )
+    min_reward_margin: float | None = field(
+        default=None,
         metadata={
             "help": "Own pairs: keep a prompt's best and worst samples as a pair only when their rewards differ "
             "by at least this (for a reward in [0, 1] that counts a reply's lines, 0.5 keeps a chosen with two of "
-            "three lines rewarded against a rejected with none)."
+            "three lines rewarded against a rejected with none). Default: recipes/dpo.yaml's."
         },
     )
-    rejected_by: str = field(
-        default="sum",
+    rejected_by: str | None = field(
+        default=None,
         metadata={
             "help": "Own pairs: the sample a pair rejects, against the best by the rewards' sum: `sum`, the "
             "worst by the sum, or `first_reward`, the worst by the first of --reward_funcs (ties to the lower sum). "
-            "Default `sum`, or the --task recipe's with its own rewards.",
+            "Default: recipes/dpo.yaml's, or the --task recipe's with its own rewards.",
         },
     )
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.samples_per_prompt < 2:
+        if self.samples_per_prompt is not None and self.samples_per_prompt < 2:
             raise ValueError(f"--samples_per_prompt must be >= 2 to rank a pair, got {self.samples_per_prompt}: e.g. 8")
-        if self.rejected_by not in REJECTED_BY:
+        if self.rejected_by is not None and self.rejected_by not in REJECTED_BY:
             raise ValueError(f"--rejected_by {self.rejected_by!r} is not one of {', '.join(REJECTED_BY)}.")
 
     @property
