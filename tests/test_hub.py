@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -28,10 +29,10 @@ from test_export import LOGITS_TOLERANCE
 from test_resume import RUN as RESUME_RUN
 from transformers import AutoTokenizer
 
-from minirope import MiniRopeForCausalLM
+from minirope import MiniRopeForCausalLM, owned
 from minirope.commands import export, extend, finetune, import_model, posttrain, pretrain
 from minirope.convert import to_llama
-from minirope.output.folder import json_text, public
+from minirope.output.folder import json_text, public, push_folder
 
 REPO = "me/tiny"
 # Loads a repository by id and the local folder where `import minirope` fails, and prints each one's greedy tokens.
@@ -176,6 +177,30 @@ def hub_here(hub, monkeypatch, tmp_path):
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     monkeypatch.setenv("HF_TOKEN", "hf_test")
     return server
+
+
+def test_a_posttraining_push_keeps_the_users_rows_and_replies_local_unless_push_data(hub_here, tmp_path):
+    """A post-training folder holds the user's rows (DPO's own pairs) and the held-out prompts with the model's replies
+    (the run summary's `samples`); its push carries neither, and `--push_data True` carries both."""
+    out = tmp_path / "run"
+    out.mkdir()
+    secret = "a prompt of the user's"
+    summary = {"steps": 3, "samples": [{"before": {"prompt": secret}}], "output_dir": str(out), "after": {"prompts": 2}}
+    (out / "model.safetensors").write_bytes(b"weights")
+    (out / "run_summary.json").write_text(json.dumps(summary))
+    (out / "preference_pairs.jsonl").write_text(json.dumps({"prompt": secret, "chosen": "a", "rejected": "b"}) + "\n")
+    owned.record(out, "minirope-posttrain", ["model.safetensors", "run_summary.json", "preference_pairs.jsonl"],
+                 published=["model.safetensors", "run_summary.json"])  # fmt: skip
+    hub = {"hub_token": None, "hub_private_repo": None, "hub_revision": None}
+    push_folder(SimpleNamespace(hub_model_id="me/kept-local", **hub), out)
+    pushed = hub_here.files("me/kept-local")
+    assert set(pushed) == {"model.safetensors", "run_summary.json"}
+    assert json.loads(pushed["run_summary.json"]) == {"steps": 3, "after": {"prompts": 2}}  # no samples, no local path
+    assert json.loads((out / "run_summary.json").read_text()) == summary  # the local summary keeps them
+    push_folder(SimpleNamespace(hub_model_id="me/with-data", **hub), out, push_data=True)
+    pushed = hub_here.files("me/with-data")
+    assert set(pushed) == {"model.safetensors", "run_summary.json", "preference_pairs.jsonl"}
+    assert secret.encode() in pushed["preference_pairs.jsonl"] and secret.encode() in pushed["run_summary.json"]
 
 
 def closed_port() -> str:
