@@ -13,7 +13,7 @@ from minirope.commands import missing_extra
 pytest.importorskip("trl")
 
 from minirope.commands import posttrain  # noqa: E402
-from minirope.posttraining.arguments import EVERY_METHOD  # noqa: E402
+from minirope.posttraining.arguments import EVERY_METHOD, RECIPES  # noqa: E402
 from minirope.posttraining.configs import PosttrainDPOConfig  # noqa: E402
 from minirope.posttraining.dpo import DPOScriptArguments  # noqa: E402
 from minirope.posttraining.parsing import parse_args  # noqa: E402
@@ -135,7 +135,7 @@ def test_print_settings_names_each_values_source_and_runs_nothing(tiny_pretraine
     taken = {**vars(config), **vars(args)}
     assert {name: taken[name] for name in every} == {**every, "eval_max_new_tokens": 8}
     # DPO's own pairs: recipes/dpo.yaml's, likewise
-    own = {name: yaml.safe_load((EVERY_METHOD.parent / "dpo.yaml").read_text())[name]
+    own = {name: yaml.safe_load((RECIPES / "dpo.yaml").read_text())[name]
            for name in ("samples_per_prompt", "min_reward_margin", "rejected_by")}  # fmt: skip
     assert {name: taken[name] for name in own} == own == {"samples_per_prompt": 8, "min_reward_margin": 0.5,
                                                           "rejected_by": "sum"}  # fmt: skip

@@ -127,8 +127,8 @@ class CpuDefaults(TokenNotSaved):
         default=None,
         metadata={
             "help": "How often the held-out score (the rewards' weighted sum, greedy, on the held-out prompts) is "
-            "measured during training: every this many steps, or below 1 this share of the run (the recipe's 0.2: "
-            "five times, and at the start); the best-scoring weights are kept (see --keep_last). Default: "
+            "measured during training: every this many steps, or below 1 this share of the run (0.2: five times, "
+            "and at the start); the best-scoring weights are kept (see --keep_last). Default: "
             "recipes/every_method.yaml's."
         },
     )

@@ -211,7 +211,8 @@ def settings(args, config, model_args) -> dict[str, dict]:
         given = {aliases.get(name, name) for name in args.given}
         for item in fields(parsed):
             value, default = getattr(parsed, item.name), trl_default(base, item.name)
-            skip = item.name.split("_")[-1] == "token" or item.name in MERGED  # secrets; mappings, by key below
+            secret = item.name == "token" or item.name.endswith("_token")  # as TrainingArguments.to_dict masks them
+            skip = secret or item.name in MERGED  # mappings: by key below
             if skip or value == default or (default is MISSING and value is None):
                 continue
             command_line, config_file = USER_SOURCES
